@@ -1,0 +1,6 @@
+"""Sampling: warping logits into the distribution sampled from, and lossless draft acceptance."""
+
+from bebop.sampling.params import SamplingParams
+from bebop.sampling.warp import check_finite, entropy, sample, token_logprob, warp_probs
+
+__all__ = ["SamplingParams", "check_finite", "entropy", "sample", "token_logprob", "warp_probs"]

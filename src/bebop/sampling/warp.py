@@ -1,0 +1,71 @@
+"""Logits -> the distribution actually sampled from, and sampling from it.
+
+`warp_probs` applies temperature, then top-k, then top-p (the order of vLLM and Hugging Face),
+and returns probabilities in float32. Temperature 0 returns the one-hot of the argmax, so greedy
+decoding is sampling from a point mass: one code path, log-prob 0, entropy 0.
+
+Randomness always comes from an explicit `torch.Generator`; None means torch's global one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bebop.errors import BebopError
+from bebop.sampling.params import SamplingParams
+
+
+def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits (..., V) -> probs (..., V) float32, rows summing to 1."""
+    logits = logits.float()
+    if params.greedy:
+        top = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits).scatter_(-1, top, 1.0)
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    return probs
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalise."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (..., V)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly better tokens
+    keep_sorted = mass_before < top_p  # the first token is always kept
+    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    probs = probs.masked_fill(~keep, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def check_finite(logits: torch.Tensor, what: str = "logits") -> None:
+    """Raise a clear error on NaN/inf logits (one host sync; call at public boundaries)."""
+    if not torch.isfinite(logits).all():
+        raise BebopError(f"{what} contain NaN or inf (a diverged or corrupt model?)")
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """probs (..., V) -> token ids (...) int64, one draw per row."""
+    flat = probs.reshape(-1, probs.shape[-1])  # (N, V)
+    tokens = torch.multinomial(flat, 1, generator=generator)  # (N, 1)
+    return tokens.reshape(probs.shape[:-1])
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """probs (..., V) -> H(probs) (...) in nats, with 0 log 0 = 0."""
+    logp = torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))
+    return -(probs * logp).sum(dim=-1)
+
+
+def token_logprob(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """probs (..., V), tokens (...) -> log probs(token) (...); -inf where the token has mass 0."""
+    picked = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return torch.log(picked)
+
+
+def validate_vocab(probs: torch.Tensor, vocab_size: int) -> None:
+    if probs.shape[-1] != vocab_size:
+        raise BebopError(f"vocab mismatch: distribution has {probs.shape[-1]} entries, expected {vocab_size}")
