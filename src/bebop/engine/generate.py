@@ -1,0 +1,85 @@
+"""Batched autoregressive generation for ragged prompts (the baseline, no drafts).
+
+    gens = generate(model, prompts, max_new_tokens=64, sampling=SamplingParams(1.0),
+                    stop_ids=[eos], generator=torch.Generator().manual_seed(0))
+
+Each step feeds every unfinished row its pending tokens (the prompt at first, then the last
+sampled token, or an environment observation) in ONE forward call: rows are ragged and the
+cache appends at each row's own offset. Only the last position of each row goes through the
+LM head. One host sync per step (the sampled tokens), which also decides which rows stopped.
+
+Seeds: with a given generator state, prompts, batch composition and settings, the output is
+reproducible. A row's samples do depend on which rows share its batch (one generator draws for
+the whole batch); at temperature 0 they do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from bebop.engine.records import Generation
+from bebop.engine.rows import Observer, RowBook
+from bebop.errors import BebopError
+from bebop.model.qwen3 import CausalLM
+from bebop.sampling import SamplingParams, check_finite, entropy, sample, token_logprob, warp_probs
+
+
+def pad_chunk(pending: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged per-row token lists -> (B, T) right-padded ids and (B,) counts."""
+    width = max(1, max(len(p) for p in pending))
+    ids = torch.full((len(pending), width), pad_id, dtype=torch.long)
+    for b, toks in enumerate(pending):
+        ids[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+    counts = torch.tensor([len(p) for p in pending], dtype=torch.long)
+    return ids.to(device), counts.to(device)
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], context: int, vocab_size: int) -> None:
+    if not prompts:
+        raise BebopError("no prompts given")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise BebopError(f"prompt {i} is empty")
+        if len(p) >= context:
+            raise BebopError(f"prompt {i} has {len(p)} tokens; the model's context is {context}")
+        if max(p) >= vocab_size or min(p) < 0:
+            raise BebopError(f"prompt {i} has token ids outside the model's vocabulary [0, {vocab_size})")
+
+
+def cache_capacity(prompts: Sequence[Sequence[int]], max_new_tokens: int, context: int, slack: int) -> int:
+    return min(max(len(p) for p in prompts) + max_new_tokens, context) + slack
+
+
+@torch.no_grad()
+def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+             sampling: SamplingParams = SamplingParams(), stop_ids: Sequence[int] = (),
+             generator: torch.Generator | None = None, pad_id: int = 0,
+             observer: Observer | None = None, interrupt_ids: Sequence[int] = (),
+             max_observation_tokens: int = 64) -> list[Generation]:
+    cfg = model.config
+    check_prompts(prompts, cfg.max_position_embeddings, cfg.vocab_size)
+    context_room = min(max_new_tokens, cfg.max_position_embeddings - max(len(p) for p in prompts))
+    book = RowBook(prompts, context_room, stop_ids, interrupt_ids, observer)
+    cache = model.new_cache(len(prompts), cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
+                                                       slack=max_observation_tokens + 1))
+    lengths = [0] * len(prompts)  # host copy of cache.lengths, exact
+    while not book.all_done:
+        ids, counts = pad_chunk(book.pending, pad_id, model.device)  # (B, T), (B,)
+        hidden = model(ids, cache, counts)  # (B, T, H)
+        last = (counts - 1).clamp_min(0)  # (B,)
+        logits = model.logits(hidden[torch.arange(len(prompts)), last])  # (B, V)
+        check_finite(logits)
+        probs = warp_probs(logits, sampling)  # (B, V)
+        tokens = sample(probs, generator)  # (B,)
+        logprobs = token_logprob(probs, tokens)  # (B,)
+        entropies = entropy(probs)  # (B,)
+        fed = [len(p) for p in book.pending]
+        step = torch.stack([tokens.double(), logprobs.double(), entropies.double()]).tolist()  # host sync
+        for b in range(len(prompts)):
+            lengths[b] += fed[b]
+            if fed[b]:
+                book.emit(b, [int(step[0][b])], [step[1][b]], [step[2][b]])
+        cache.span = max(lengths)
+    return book.rows

@@ -1,0 +1,35 @@
+"""Typed records the engine returns: one `Generation` per prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FINISH_STOP = "stop"  # a stop token was emitted (it is the last of token_ids)
+FINISH_LENGTH = "length"  # max_new_tokens or the context ran out
+
+
+@dataclass
+class Generation:
+    """What one row produced after its prompt.
+
+    token_ids: every new token, observation tokens (agent task) included, stop token included.
+    logprobs / entropies: the sampler's log-prob of each token and the entropy of the
+        distribution it was sampled from (temperature/top-k/top-p applied); 0.0 for tokens
+        that are not the policy's.
+    policy_mask: False for tokens the environment inserted (never trained on).
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    policy_mask: list[bool] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(self.policy_mask)

@@ -1,0 +1,160 @@
+"""Checkpoint I/O for Hugging Face model directories.
+
+A directory holds `config.json` and either `model.safetensors` or shards listed by
+`model.safetensors.index.json`. Every file is written atomically (temp file + rename); the index
+is written last, so an interrupted save never leaves an index pointing at half-written shards.
+`mtp.*` tensors (the MTP draft head) live in the same files; the trunk loader leaves them to the
+MTP loader, and `save_model` keeps those already on disk unless told to replace them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from bebop.errors import BebopError
+from bebop.fileio import atomic_write, atomic_write_json
+from bebop.model.config import ModelConfig, read_config, write_config
+from bebop.model.qwen3 import CausalLM
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MTP_PREFIX = "mtp."
+
+
+def _weight_files(model_dir: Path) -> dict[str, list[str]]:
+    """file name -> tensor names it holds (from the index, or the single file)."""
+    index_path = model_dir / INDEX_FILE
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise BebopError(f"{index_path} is malformed: {exc}") from None
+        files: dict[str, list[str]] = {}
+        for name, file in weight_map.items():
+            files.setdefault(file, []).append(name)
+        return files
+    if (model_dir / SINGLE_FILE).is_file():
+        return {SINGLE_FILE: []}  # names read from the file itself
+    raise BebopError(f"no {SINGLE_FILE} or {INDEX_FILE} in {model_dir}")
+
+
+def read_state_dict(model_dir: str | os.PathLike, keep=lambda name: True) -> dict[str, torch.Tensor]:
+    """All tensors whose name passes `keep`, from single or sharded safetensors files."""
+    model_dir = Path(model_dir)
+    state: dict[str, torch.Tensor] = {}
+    for file, _ in _weight_files(model_dir).items():
+        path = model_dir / file
+        if not path.is_file():
+            raise BebopError(f"checkpoint shard missing: {path}")
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                for name in fh.keys():
+                    if keep(name):
+                        state[name] = fh.get_tensor(name)
+        except (SafetensorError, OSError) as exc:
+            raise BebopError(f"corrupt checkpoint file {path}: {exc}") from None
+    return state
+
+
+def write_state_dict(state: dict[str, torch.Tensor], model_dir: str | os.PathLike,
+                     max_shard_bytes: int | None = None) -> None:
+    """Write tensors as one file, or shards plus an index when larger than max_shard_bytes."""
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    stale = [model_dir / SINGLE_FILE, model_dir / INDEX_FILE]
+    if len(shards) == 1:
+        atomic_write(model_dir / SINGLE_FILE, lambda tmp: save_file(shards[0], tmp, metadata={"format": "pt"}))
+        _remove_old_shards(model_dir, keep={SINGLE_FILE})
+        stale[1].unlink(missing_ok=True)
+        return
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        atomic_write(model_dir / name, lambda tmp, shard=shard: save_file(shard, tmp, metadata={"format": "pt"}))
+    weight_map = {tensor: name for name, shard in zip(names, shards) for tensor in shard}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    atomic_write_json(model_dir / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    stale[0].unlink(missing_ok=True)
+    _remove_old_shards(model_dir, keep=set(names))
+
+
+def _remove_old_shards(model_dir: Path, keep: set[str]) -> None:
+    for path in model_dir.glob("model-*-of-*.safetensors"):
+        if path.name not in keep:
+            path.unlink()
+
+
+def _check_and_cast(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], where: Path,
+                    dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, param in expected.items():
+        if name not in found:
+            raise BebopError(f"checkpoint {where} is missing tensor {name!r} (expected shape {tuple(param.shape)})")
+        tensor = found[name]
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise BebopError(f"checkpoint {where}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                             f"the config implies {tuple(param.shape)}")
+        out[name] = tensor.to(dtype)
+    return out
+
+
+def _expected_trunk_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
+    names = {k: v for k, v in model.state_dict().items() if not k.startswith(MTP_PREFIX)}
+    if model.config.tie_word_embeddings:
+        names.pop("lm_head.weight", None)
+    return names
+
+
+def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> CausalLM:
+    """Load the trunk (config + weights) from a Hugging Face model directory."""
+    model_dir = Path(model_dir)
+    cfg = read_config(model_dir)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    expected = _expected_trunk_tensors(model)
+    found = read_state_dict(model_dir, keep=lambda name: not name.startswith(MTP_PREFIX))
+    if cfg.tie_word_embeddings:
+        found.pop("lm_head.weight", None)
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected:
+        print(f"warning: ignoring {len(unexpected)} unknown tensor(s) in {model_dir}, e.g. {unexpected[0]!r}",
+              file=sys.stderr)
+    state = _check_and_cast(expected, found, model_dir, dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.to(device).eval()
+
+
+def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes: int | None = None) -> None:
+    """Write config.json and the weights; `mtp.*` tensors of the model (if any) are saved too."""
+    model_dir = Path(model_dir)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    write_state_dict(state, model_dir, max_shard_bytes)
+    write_config(model.config, model_dir)
+
+
+def build_model(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> CausalLM:
+    """A freshly initialised model (the embedded default starts here)."""
+    model = CausalLM(cfg)
+    model.init_weights(torch.Generator().manual_seed(seed))
+    return model.to(dtype)

@@ -1,0 +1,58 @@
+"""A preallocated KV cache with one length per row.
+
+Every forward call appends a chunk of `T` new tokens to each row at that row's own offset
+(`lengths[b]`): a ragged prefill, a one-token decode, or a K+1-token verification all use the
+same call. Row b keeps only its first `num_new[b]` tokens of the chunk; the rest are written
+past its length and are invisible. Rolling back is `rollback(new_lengths)`: a length change, no
+copy. Later rows may advance by different amounts (speculative decoding).
+
+`span` is a host-side upper bound on max(lengths), kept so that attention reads only the used
+part of the buffer without a device->host sync. Callers that know a tighter bound pass it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bebop.errors import BebopError
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
+                 capacity: int, *, dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, Dh)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, Dh)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+        self.capacity = capacity
+        self.span = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    def positions(self, chunk_len: int) -> torch.Tensor:
+        """Absolute positions of a new chunk: (B, T) = lengths[:, None] + arange(T)."""
+        if self.span + chunk_len > self.capacity:
+            raise BebopError(f"KV cache overflow: {self.span} + {chunk_len} tokens > capacity {self.capacity}")
+        steps = torch.arange(chunk_len, device=self.lengths.device)
+        return self.lengths[:, None] + steps  # (B, T)
+
+    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, Hkv, T, Dh) at `positions` (B, T); return this layer's used (B, Hkv, S, Dh)."""
+        b, h, t, d = k.shape
+        index = positions[:, None, :, None].expand(b, h, t, d)  # (B, Hkv, T, Dh)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+        s = self.span + t
+        return self.k[layer, :, :, :s], self.v[layer, :, :, :s]
+
+    def advance(self, num_new: torch.Tensor, chunk_len: int) -> None:
+        """After a forward: each row keeps num_new[b] (B,) of the chunk's tokens."""
+        self.lengths += num_new
+        self.span += chunk_len
+
+    def rollback(self, lengths: torch.Tensor, span: int | None = None) -> None:
+        """Set each row's length (B,) (no copy). `span`: a known bound on max(lengths), else synced."""
+        self.lengths.copy_(lengths)
+        self.span = int(lengths.max()) if span is None else span

@@ -1,0 +1,122 @@
+"""Qwen3 building blocks: RMSNorm, rotary embedding, grouped-query attention with q/k norms,
+SwiGLU MLP, and the decoder layer. Parameter names match Hugging Face's so checkpoints load 1:1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bebop.model.config import ModelConfig
+from bebop.model.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / rms(x), computed in float32 like Hugging Face's. `offset=1` gives (1 + w) * ...
+    (the Qwen3.5 / Qwen3-Next family's style, used by their MTP heads)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight + self.offset) * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions (B, T) -> cos, sin (B, 1, T, Dh) for rotate-half RoPE."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions[..., None].float() * inv_freq  # (B, T, Dh/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, Dh)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, Dh) rotated by position."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class AttentionContext:
+    """What every layer of one forward call shares: rotary tables, positions, mask, cache."""
+
+    cos: torch.Tensor  # (B, 1, T, Dh)
+    sin: torch.Tensor  # (B, 1, T, Dh)
+    positions: torch.Tensor  # (B, T) absolute positions of the new tokens
+    mask: torch.Tensor | None  # (B, 1, T, S) bool, True = attend; None = plain causal, no cache
+    cache: KVCache | None
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, Hq, T, Dh)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
+        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+        if ctx.cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            k, v = ctx.cache.write(self.layer_idx, ctx.positions, k, v)  # (B, Hkv, S, Dh)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, H)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def attention_context(positions: torch.Tensor, cache: KVCache | None, head_dim: int, theta: float,
+                      dtype: torch.dtype) -> AttentionContext:
+    """Rotary tables and mask for a chunk at `positions` (B, T)."""
+    cos, sin = rope_cos_sin(positions, head_dim, theta, dtype)
+    mask = None
+    if cache is not None:
+        span = cache.span + positions.shape[1]
+        keys = torch.arange(span, device=positions.device)  # (S,)
+        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
+    return AttentionContext(cos=cos, sin=sin, positions=positions, mask=mask, cache=cache)

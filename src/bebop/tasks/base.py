@@ -1,0 +1,102 @@
+"""What every verifiable task shares: the `Problem` record, the `Task` protocol, the
+hash-based train/test split, and parsing of the final `#### N` answer line.
+
+Train and test are disjoint by construction: a problem's split is a hash of its canonical
+form (the arithmetic behind a word problem, a program's spec, ...), so the same problem
+can never be drawn into both splits, whatever the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from bebop.errors import BebopError
+
+SPLITS = ("train", "test")
+TEST_PERCENT = 20  # share of the canonical-problem space that is held out for test
+MAX_COMPLETION_CHARS = 4096  # our tasks' completions are ~150 chars; longer ones score 0
+DEFAULT_DIFFICULTY = 1
+DIFFICULTIES = (1, 2, 3)
+
+_FINAL_ANSWER = re.compile(r"####[ \t]*(-?\d{1,12})\s*$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str  # text fed to the model; the completion starts right after it
+    ground_truth: str  # what the reward checks against (a string; JSON if structured)
+    task: str  # task name
+
+
+class Task(Protocol):
+    name: str
+
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]: ...
+
+    def demonstration(self, problem: Problem, rng: random.Random) -> str: ...
+
+    def score(self, problem: Problem, completion: str) -> float: ...
+
+    def observe(self, problem: Problem, transcript: str) -> str | None: ...
+
+
+def split_of(canonical: str) -> str:
+    """'test' for a fixed TEST_PERCENT of canonical forms, 'train' for the rest."""
+    digest = hashlib.sha256(canonical.encode("utf-8")).digest()
+    return "test" if int.from_bytes(digest[:8], "big") % 100 < TEST_PERCENT else "train"
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise BebopError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+
+
+def check_difficulty(difficulty: int) -> int:
+    if difficulty not in DIFFICULTIES:
+        raise BebopError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
+    return difficulty
+
+
+Draw = Callable[[random.Random], tuple[str, Problem]]  # -> (canonical form, problem)
+
+
+def draw_split(task: str, draw: Draw, split: str, n: int, seed: int) -> list[Problem]:
+    """Draw problems until `n` fall in `split`; deterministic given (task, split, seed)."""
+    check_split(split)
+    if n < 0:
+        raise BebopError(f"number of problems must be >= 0, got {n}")
+    rng = random.Random(f"{task}/{split}/{seed}")
+    out: list[Problem] = []
+    for _ in range(200 * n + 1000):
+        if len(out) == n:
+            return out
+        canonical, problem = draw(rng)
+        if split_of(canonical) == split:
+            out.append(problem)
+    if len(out) == n:
+        return out
+    raise BebopError(f"task {task} could not draw {n} {split} problems; raise the difficulty")
+
+
+def final_answer(text: str) -> int | None:
+    """The integer N of a text that ends with the line `#### N`, else None."""
+    if len(text) > MAX_COMPLETION_CHARS:
+        return None
+    match = _FINAL_ANSWER.search(text)
+    return int(match.group(1)) if match else None
+
+
+def score_final_answer(completion: str, expected: int) -> float:
+    return 1.0 if final_answer(completion) == expected else 0.0
+
+
+def spaced(rng: random.Random) -> Callable[[str], str]:
+    """Pick, once per demonstration, whether operators get spaces: returns op -> text."""
+    if rng.random() < 0.5:
+        return lambda op: op
+    return lambda op: f" {op} "
