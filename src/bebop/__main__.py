@@ -1,0 +1,5 @@
+import sys
+
+from bebop.cli import main
+
+sys.exit(main())

@@ -1,0 +1,104 @@
+"""The `bebop` command: thin subcommands over the library.
+
+Every user-facing problem is a `BebopError`, printed as one line `error: ...` with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bebop.errors import BebopError
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate completions from a model directory")
+    p.add_argument("--model", required=True, help="model directory (config.json, safetensors, tokenizer.json)")
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    p.add_argument("--prompts", help="JSONL file with a 'prompt' key per row")
+    p.add_argument("--max-new-tokens", type=int, required=True)
+    add_sampling_args(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--out", help="write JSONL here instead of stdout")
+    add_device_args(p)
+    p.set_defaults(func=_run_generate)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+
+
+def _run_generate(args: argparse.Namespace) -> None:
+    from bebop.commands.generate import run_generate
+
+    run_generate(args)
+
+
+def _add_init(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("init", help="write a freshly initialised embedded-default model directory")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run_init)
+
+
+def _run_init(args: argparse.Namespace) -> None:
+    from bebop.embedded import init_model_dir
+
+    print(init_model_dir(args.out, seed=args.seed))
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the main job on the embedded default")
+    p.add_argument("--out", default="runs/demo", help="output directory (artifacts are reused)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> None:
+    from bebop.commands.demo import run_demo
+
+    run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bebop", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_init(sub)
+    _add_demo(sub)
+    _register_optional(sub)
+    return parser
+
+
+def _register_optional(sub: argparse._SubParsersAction) -> None:
+    """Subcommands that live beside their concept (tasks/cli.py, ...)."""
+    try:
+        from bebop.tasks.cli import register as register_tasks
+    except ImportError:
+        return
+    register_tasks(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except BebopError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

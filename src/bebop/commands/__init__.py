@@ -1,0 +1,1 @@
+"""Command implementations behind the thin CLI (one file per command)."""

@@ -1,0 +1,65 @@
+"""`bebop generate`: batched generation from a model directory, JSONL out."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from tqdm import tqdm
+
+from bebop.engine import generate
+from bebop.errors import BebopError
+from bebop.jsonl import dumps_rows, read_jsonl, write_jsonl
+from bebop.policy import Policy, load_policy
+from bebop.sampling import SamplingParams
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def collect_prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts:
+        prompts += [str(row["prompt"]) for row in read_jsonl(args.prompts, required=("prompt",))]
+    if not prompts:
+        raise BebopError("give at least one --prompt or a --prompts FILE.jsonl")
+    for i, text in enumerate(prompts):
+        if not text:
+            raise BebopError(f"prompt {i} is empty")
+    return prompts
+
+
+def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) -> list[dict]:
+    if args.max_new_tokens < 1:
+        raise BebopError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.batch_size < 1:
+        raise BebopError(f"--batch-size must be >= 1, got {args.batch_size}")
+    sampling = sampling_from_args(args)
+    generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
+    rows = []
+    batches = range(0, len(prompts), args.batch_size)
+    for start in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
+        texts = prompts[start:start + args.batch_size]
+        ids = [policy.codec.encode(t) for t in texts]
+        for i, toks in enumerate(ids):
+            if not toks:
+                raise BebopError(f"prompt {start + i} encodes to no tokens")
+        gens = generate(policy.model, ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                        stop_ids=policy.stop_ids, generator=generator, pad_id=policy.pad_id)
+        for text, gen in zip(texts, gens):
+            body = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
+            rows.append({"prompt": text, "completion": policy.codec.decode(body), "token_ids": gen.token_ids,
+                         "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
+    return rows
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    prompts = collect_prompts(args)
+    policy = load_policy(args.model, dtype=args.dtype, device=args.device)
+    rows = generate_rows(policy, prompts, args)
+    if args.out:
+        write_jsonl(args.out, rows)
+    else:
+        sys.stdout.write(dumps_rows(rows))

@@ -1,0 +1,38 @@
+"""The embedded default: a small Qwen3-architecture model with a character-level tokenizer.
+
+Everything bebop shows on a CPU starts from here, since nothing can be downloaded:
+`init_model_dir(out)` writes a freshly initialised model directory (config.json,
+model.safetensors, tokenizer.json) that every command loads like any Hugging Face checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from bebop.model.checkpoint import build_model, save_model
+from bebop.model.config import ModelConfig
+from bebop.tokenizer import build_char_tokenizer, codec_from_tokenizer, save_tokenizer
+
+
+def default_config(vocab_size: int, eos_id: int, pad_id: int, **overrides) -> ModelConfig:
+    """About 3.2M parameters: 4 layers, hidden 256, GQA 8 query / 4 KV heads, context 512."""
+    fields = dict(vocab_size=vocab_size, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                  num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=512,
+                  rope_theta=10000.0, tie_word_embeddings=True, eos_token_id=eos_id, pad_token_id=pad_id)
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def init_model_dir(out: str | os.PathLike, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                   **overrides) -> Path:
+    """Write a randomly initialised embedded-default model directory and return its path."""
+    out = Path(out)
+    tok = build_char_tokenizer()
+    codec = codec_from_tokenizer(tok)
+    cfg = default_config(codec.vocab_size, codec.eos_id, codec.pad_id, **overrides)
+    save_model(build_model(cfg, seed=seed, dtype=dtype), out)
+    save_tokenizer(tok, out)
+    return out

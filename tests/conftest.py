@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny models saved by transformers and by bebop, with the char tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bebop.embedded import init_model_dir
+from bebop.tokenizer import build_char_tokenizer, codec_from_tokenizer, save_tokenizer
+
+CHAR_CODEC = codec_from_tokenizer(build_char_tokenizer())
+
+
+def hf_tiny_config(**overrides):
+    from transformers import Qwen3Config
+
+    fields = dict(vocab_size=CHAR_CODEC.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                  rope_theta=5000.0, eos_token_id=CHAR_CODEC.eos_id, pad_token_id=CHAR_CODEC.pad_id)
+    fields.update(overrides)
+    return Qwen3Config(**fields)
+
+
+def make_hf_model(seed: int = 0, std: float = 0.3, **overrides):
+    """A transformers Qwen3ForCausalLM with random weights large enough for peaked distributions."""
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(hf_tiny_config(**overrides)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)  # not all ones, so a misplaced norm would show
+            else:
+                p.normal_(0.0, std)
+    return model
+
+
+@pytest.fixture(scope="session")
+def hf_model_dir(tmp_path_factory):
+    """(transformers model, directory it was saved to with save_pretrained + char tokenizer)."""
+    model = make_hf_model()
+    path = tmp_path_factory.mktemp("hf_model")
+    model.save_pretrained(path)
+    save_tokenizer(build_char_tokenizer(), path)
+    return model, path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A bebop-written embedded-default model, shrunk for speed."""
+    path = tmp_path_factory.mktemp("tiny_model")
+    init_model_dir(path, seed=0, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+    return path

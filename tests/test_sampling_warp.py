@@ -1,0 +1,65 @@
+"""Warping logits into the sampled distribution: temperature, top-k, top-p, greedy, entropy."""
+
+import math
+
+import pytest
+import torch
+
+from bebop.errors import BebopError
+from bebop.sampling import SamplingParams, entropy, sample, token_logprob, warp_probs
+
+
+def test_hand_worked_top_k_top_p():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.allclose(warp_probs(logits, SamplingParams(1.0, top_k=2)), torch.tensor([0.625, 0.375, 0, 0]))
+    # top_p 0.7: 0.5 alone is short of 0.7, 0.5 + 0.3 reaches it -> keep two
+    assert torch.allclose(warp_probs(logits, SamplingParams(1.0, top_p=0.7)), torch.tensor([0.625, 0.375, 0, 0]))
+    # top_p 0.5 keeps only the first (its mass reaches 0.5)
+    assert torch.allclose(warp_probs(logits, SamplingParams(1.0, top_p=0.5)), torch.tensor([1.0, 0, 0, 0]))
+    # temperature 2 flattens: probs proportional to sqrt(p)
+    root = torch.tensor([0.5, 0.3, 0.15, 0.05]).sqrt()
+    assert torch.allclose(warp_probs(logits, SamplingParams(2.0)), root / root.sum())
+
+
+def test_greedy_is_one_hot_with_zero_entropy_and_logprob():
+    logits = torch.randn(4, 7, generator=torch.Generator().manual_seed(0))
+    probs = warp_probs(logits, SamplingParams(0.0))
+    tokens = sample(probs, torch.Generator().manual_seed(1))
+    assert torch.equal(tokens, logits.argmax(-1))
+    assert torch.equal(entropy(probs), torch.zeros(4))
+    assert torch.equal(token_logprob(probs, tokens), torch.zeros(4))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0, top_k=3), SamplingParams(0.8, top_p=0.6),
+                                    SamplingParams(1.3, top_k=5, top_p=0.5)])
+def test_excluded_tokens_are_never_sampled(params):
+    logits = torch.randn(64, 20, generator=torch.Generator().manual_seed(2)) * 2
+    probs = warp_probs(logits, params)
+    allowed = probs > 0
+    if params.top_k:
+        kth = logits.topk(params.top_k, dim=-1).values[:, -1:]
+        assert not (allowed & (logits < kth)).any()  # nothing outside the top k survives
+    draws = sample(probs.repeat(200, 1), torch.Generator().manual_seed(3))  # (64*200,)
+    assert allowed.repeat(200, 1).gather(1, draws[:, None]).all()
+
+
+def test_entropy_matches_closed_form():
+    probs = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0], [0.25, 0.25, 0.5]])
+    assert torch.allclose(entropy(probs), torch.tensor([math.log(2), 0.0, 1.5 * math.log(2)]))
+
+
+def test_sampling_frequencies_follow_probs():
+    """5-sigma check per cell: false-failure probability about 6e-7 per cell, 4e-6 in all."""
+    probs = warp_probs(torch.tensor([1.0, 0.0, -1.0, 0.5]), SamplingParams(0.7))
+    n = 100_000
+    draws = sample(probs.expand(n, 4), torch.Generator().manual_seed(4))
+    freq = torch.bincount(draws, minlength=4).double() / n
+    sigma = (probs.double() * (1 - probs.double()) / n).sqrt()
+    assert ((freq - probs.double()).abs() <= 5 * sigma).all()
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1.0), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5),
+                                    dict(temperature=float("nan"))])
+def test_bad_params_are_clear_errors(kwargs):
+    with pytest.raises(BebopError):
+        SamplingParams(**kwargs)
