@@ -9,6 +9,7 @@ can never be drawn into both splits, whatever the seed.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 from collections.abc import Callable
@@ -81,6 +82,18 @@ def draw_split(task: str, draw: Draw, split: str, n: int, seed: int) -> list[Pro
     if len(out) == n:
         return out
     raise BebopError(f"task {task} could not draw {n} {split} problems; raise the difficulty")
+
+
+def load_truth(problem: Problem, keys: tuple[str, ...]) -> dict:
+    """The problem's ground truth as a JSON object holding `keys`, else a BebopError."""
+    try:
+        truth = json.loads(problem.ground_truth)
+    except (json.JSONDecodeError, TypeError):
+        truth = None
+    if not isinstance(truth, dict) or any(key not in truth for key in keys):
+        raise BebopError(f"ground truth {problem.ground_truth[:60]!r} is not a {problem.task} "
+                         f"task's (a JSON object with {', '.join(keys)})")
+    return truth
 
 
 def final_answer(text: str) -> int | None:

@@ -31,6 +31,8 @@ MAX_MAGNITUDE = 10**9
 KEYWORDS = ("ret", "rep", "while")
 COMPARISONS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
                ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+ARITHMETIC = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+              "/": lambda a, b: a // b, "%": lambda a, b: a % b}
 _TOKEN = re.compile(r"(?P<num>\d+)|(?P<name>[a-z_][a-z0-9_]*)|(?P<op><=|>=|==|!=|[-+*/%<>=(){};\n])"
                     r"|(?P<space>[ \t]+)")
 
@@ -95,9 +97,11 @@ class _Parser:
         stmts = []
         self.skip_separators()
         while self.tok.text != closer or self.tok.kind not in ("op", "end"):
+            if self.tok.kind == "end":
+                raise self.fail(repr(closer))
             stmts.append(self.stmt())
             if self.tok.text not in ("\n", ";", closer):
-                raise self.fail("a new line or ';'")
+                raise self.fail(repr(closer) if self.tok.kind == "end" else "a new line or ';'")
             self.skip_separators()
         return stmts
 
@@ -190,7 +194,7 @@ class _Machine:
     def __init__(self, env: dict[str, int], max_steps: int, time_limit_s: float) -> None:
         self.env, self.steps_left = env, max_steps
         self.deadline = time.monotonic() + time_limit_s
-        self.line = 0
+        self.line = 1
 
     def tick(self) -> None:
         self.steps_left -= 1
@@ -238,7 +242,7 @@ def _apply(op: str, a: int, b: int, line: int) -> int:
         return int(COMPARISONS[op](a, b))
     if op in ("/", "%") and b == 0:
         raise CodeError(f"line {line}: division by zero")
-    return {"+": a + b, "-": a - b, "*": a * b}[op] if op in "+-*" else (a // b if op == "/" else a % b)
+    return ARITHMETIC[op](a, b)
 
 
 def run_program(stmts: list[tuple], x: int, max_steps: int = MAX_STEPS,
@@ -249,11 +253,14 @@ def run_program(stmts: list[tuple], x: int, max_steps: int = MAX_STEPS,
         machine.run(stmts)
     except _Return as ret:
         return ret.value
-    except RecursionError:
-        raise CodeError("nested too deeply") from None
+    except RecursionError:  # a long chain like 1+1+...+1 is a deep tree
+        raise CodeError("program nested too deeply") from None
     raise CodeError("program ended without 'ret'")
 
 
 def evaluate_expression(source: str, max_steps: int = MAX_STEPS) -> int:
     """Evaluate a variable-free expression, e.g. '3*4+2*5'; CodeError when invalid."""
-    return _Machine({}, max_steps, TIME_LIMIT_S).eval(parse_expression(source))
+    try:
+        return _Machine({}, max_steps, TIME_LIMIT_S).eval(parse_expression(source))
+    except RecursionError:
+        raise CodeError("expression nested too deeply") from None

@@ -18,13 +18,13 @@ import random
 from dataclasses import dataclass
 
 from bebop.tasks.base import (DEFAULT_DIFFICULTY, Problem, check_difficulty, draw_split,
-                              score_final_answer, spaced)
+                              load_truth, score_final_answer, spaced)
 
 NAMES = (("Ann", "She"), ("Bob", "He"), ("Cat", "She"), ("Dan", "He"), ("Eve", "She"),
          ("Max", "He"), ("Sam", "He"), ("Zoe", "She"))
 ITEMS = ("apples", "eggs", "pens", "cards", "coins", "books", "shells", "cups")
 GAIN_VERBS = ("buys", "gets", "finds", "wins")
-LOSS_VERBS = ("eats", "sells", "loses", "gives away")
+LOSS_VERBS = ("eats", "sells", "loses", "drops")
 OPENERS = ("", "", "Steps:\n", "Let me count.\n", "Work it out:\n")
 
 # difficulty -> (number of changes, max change, probability the start is a product)
@@ -68,7 +68,7 @@ def _prompt(story: Story, rng: random.Random) -> str:
         have = f"{name} has {story.start} {item}."
     verbs = [f"{rng.choice(GAIN_VERBS if c > 0 else LOSS_VERBS)} {abs(c)}" for c in story.changes]
     acts = ", ".join(verbs[:-1]) + f", then {verbs[-1]}" if len(verbs) > 1 else verbs[0]
-    return f"{have} {pronoun} {acts}. How many {item} now?\n"
+    return f"{have} {pronoun} {acts}. How many now?\n"
 
 
 def _nonnegative_orders(start: int, changes: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -160,13 +160,13 @@ class MathTask:
             f"#### {story.answer}"
 
     def score(self, problem: Problem, completion: str) -> float:
-        return score_final_answer(completion, _story_of(problem).answer)
+        return score_final_answer(completion, load_truth(problem, ("answer",))["answer"])
 
     def observe(self, problem: Problem, transcript: str) -> str | None:
         return None
 
 
 def _story_of(problem: Problem) -> Story:
-    data = json.loads(problem.ground_truth)
+    data = load_truth(problem, ("start", "factors", "changes"))
     factors = tuple(data["factors"]) if data["factors"] else None
     return Story(factors, data["start"], tuple(data["changes"]))

@@ -1,0 +1,35 @@
+"""Verifiable tasks for RL: a registry of generators, prompt formats and reward functions.
+
+    get_task("math" | "code" | "agent" | "mix")  -> a Task (see base.Task)
+    get_task("math_dataset")                     -> scores rows of a real dataset file
+    load_dataset_rows(path)                      -> Problems from JSONL / parquet rows
+"""
+
+from __future__ import annotations
+
+from bebop.errors import BebopError
+from bebop.tasks.agent_task import AgentTask
+from bebop.tasks.base import DEFAULT_DIFFICULTY, Problem, Task
+from bebop.tasks.code_task import CodeTask
+from bebop.tasks.datasets import DATASET_TASK, DatasetMathTask, load_dataset_rows
+from bebop.tasks.math_task import MathTask
+from bebop.tasks.mix import MixTask
+
+TASK_NAMES: tuple[str, ...] = ("math", "code", "agent", "mix")
+MIX_PARTS = ("math", "code", "agent")
+_GENERATED = {"math": MathTask, "code": CodeTask, "agent": AgentTask}
+
+
+def get_task(name: str, difficulty: int = DEFAULT_DIFFICULTY) -> Task:
+    """The task called `name`; `difficulty` (1 easiest .. 3) tunes the generated tasks."""
+    if name in _GENERATED:
+        return _GENERATED[name](difficulty)
+    if name == "mix":
+        return MixTask(MIX_PARTS, lambda part: get_task(part, difficulty))
+    if name == DATASET_TASK:
+        return DatasetMathTask()
+    known = ", ".join(TASK_NAMES + (DATASET_TASK,))
+    raise BebopError(f"unknown task {name!r}; known tasks: {known}")
+
+
+__all__ = ["TASK_NAMES", "DATASET_TASK", "Problem", "Task", "get_task", "load_dataset_rows"]
