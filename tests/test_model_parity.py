@@ -44,13 +44,16 @@ def test_sharded_checkpoint_from_transformers(tmp_path):
 
 
 def test_save_sharded_round_trip(tmp_path, hf_model_dir):
+    from bebop.model.checkpoint import to_hf_state
     _, path = hf_model_dir
     model = load_model(path)
     save_model(model, tmp_path / "sharded", max_shard_bytes=60_000)
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
     assert not (tmp_path / "sharded" / "model.safetensors").exists()
     back = read_state_dict(tmp_path / "sharded")
-    for name, tensor in model.state_dict().items():
+    hf_state = to_hf_state(model.state_dict(), model.config)
+    assert set(back) == set(hf_state)
+    for name, tensor in hf_state.items():
         assert torch.equal(back[name], tensor), name
     # saving again unsharded replaces the shards and the index
     save_model(model, tmp_path / "sharded")

@@ -114,11 +114,66 @@ def _check_and_cast(expected: dict[str, torch.Tensor], found: dict[str, torch.Te
     return out
 
 
-def _expected_trunk_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
-    names = {k: v for k, v in model.state_dict().items() if not k.startswith(MTP_PREFIX)}
+def _fused_parts(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
+    """fused module name -> [(Hugging Face module name, rows)] stacked along dim 0."""
+    q, kv, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+    return {"qkv_proj": [("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
+            "gate_up_proj": [("gate_proj", inter), ("up_proj", inter)]}
+
+
+def _split_name(name: str) -> tuple[str, str, str] | None:
+    """'a.b.qkv_proj.weight' -> ('a.b.', 'qkv_proj', '.weight') for fused names, else None."""
+    parts = name.rsplit(".", 2)
+    if len(parts) == 3 and parts[1] in ("qkv_proj", "gate_up_proj"):
+        return parts[0] + ".", parts[1], "." + parts[2]
+    return None
+
+
+def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our names -> Hugging Face names: fused projections split into their parts."""
+    out = {}
+    table = _fused_parts(cfg)
+    for name, tensor in state.items():
+        split = _split_name(name)
+        if split is None:
+            out[name] = tensor
+            continue
+        prefix, fused, suffix = split
+        pieces = tensor.split([rows for _, rows in table[fused]], dim=0)
+        for (part, _), piece in zip(table[fused], pieces):
+            out[prefix + part + suffix] = piece
+    return out
+
+
+def from_hf_state(state: dict[str, torch.Tensor], fused_names: list[str], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Hugging Face names -> ours: stack the parts of each fused projection (parts are consumed)."""
+    out = dict(state)
+    table = _fused_parts(cfg)
+    for name in fused_names:
+        prefix, fused, suffix = _split_name(name)
+        out[name] = torch.cat([out.pop(prefix + part + suffix) for part, _ in table[fused]], dim=0)
+    return out
+
+
+def _expected_hf_tensors(model: CausalLM, prefix_filter) -> dict[str, torch.Tensor]:
+    """Hugging Face name -> tensor (for its shape) of every tensor the checkpoint must hold."""
+    names = {k: v for k, v in model.state_dict().items() if prefix_filter(k)}
     if model.config.tie_word_embeddings:
         names.pop("lm_head.weight", None)
-    return names
+    return to_hf_state(names, model.config)
+
+
+def load_weights_into(model: CausalLM, model_dir: Path, found: dict[str, torch.Tensor], prefix_filter,
+                      dtype: torch.dtype) -> None:
+    """Check `found` (Hugging Face names) against what `model` needs under `prefix_filter`, load it."""
+    expected = _expected_hf_tensors(model, prefix_filter)
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected:
+        print(f"warning: ignoring {len(unexpected)} unknown tensor(s) in {model_dir}, e.g. {unexpected[0]!r}",
+              file=sys.stderr)
+    state = _check_and_cast(expected, found, model_dir, dtype)
+    fused = [k for k in model.state_dict() if prefix_filter(k) and _split_name(k)]
+    model.load_state_dict(from_hf_state(state, fused, model.config), strict=False, assign=True)
 
 
 def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
@@ -128,16 +183,11 @@ def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float
     cfg = read_config(model_dir)
     with torch.device("meta"):
         model = CausalLM(cfg)
-    expected = _expected_trunk_tensors(model)
-    found = read_state_dict(model_dir, keep=lambda name: not name.startswith(MTP_PREFIX))
+    is_trunk = lambda name: not name.startswith(MTP_PREFIX)  # noqa: E731
+    found = read_state_dict(model_dir, keep=is_trunk)
     if cfg.tie_word_embeddings:
         found.pop("lm_head.weight", None)
-    unexpected = sorted(set(found) - set(expected))
-    if unexpected:
-        print(f"warning: ignoring {len(unexpected)} unknown tensor(s) in {model_dir}, e.g. {unexpected[0]!r}",
-              file=sys.stderr)
-    state = _check_and_cast(expected, found, model_dir, dtype)
-    model.load_state_dict(state, strict=False, assign=True)
+    load_weights_into(model, model_dir, found, is_trunk, dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.to(device).eval()
@@ -149,7 +199,7 @@ def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes
     state = model.state_dict()
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    write_state_dict(state, model_dir, max_shard_bytes)
+    write_state_dict(to_hf_state(state, model.config), model_dir, max_shard_bytes)
     write_config(model.config, model_dir)
 
 
