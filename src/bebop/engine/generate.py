@@ -52,7 +52,7 @@ def cache_capacity(prompts: Sequence[Sequence[int]], max_new_tokens: int, contex
     return min(max(len(p) for p in prompts) + max_new_tokens, context) + slack
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              sampling: SamplingParams = SamplingParams(), stop_ids: Sequence[int] = (),
              generator: torch.Generator | None = None, pad_id: int = 0,
@@ -72,7 +72,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
         logits = model.logits(hidden[torch.arange(len(prompts)), last])  # (B, V)
         check_finite(logits)
         probs = warp_probs(logits, sampling)  # (B, V)
-        tokens = sample(probs, generator)  # (B,)
+        tokens = sample(probs, generator, greedy=sampling.greedy)  # (B,)
         logprobs = token_logprob(probs, tokens)  # (B,)
         entropies = entropy(probs)  # (B,)
         fed = [len(p) for p in book.pending]

@@ -47,8 +47,12 @@ def check_finite(logits: torch.Tensor, what: str = "logits") -> None:
         raise BebopError(f"{what} contain NaN or inf (a diverged or corrupt model?)")
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """probs (..., V) -> token ids (...) int64, one draw per row."""
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, *, greedy: bool = False) -> torch.Tensor:
+    """probs (..., V) -> token ids (...) int64, one draw per row.
+
+    `greedy=True` (probs are one-hot, from temperature 0) takes the argmax: same result, no draw."""
+    if greedy:
+        return probs.argmax(dim=-1)
     flat = probs.reshape(-1, probs.shape[-1])  # (N, V)
     tokens = torch.multinomial(flat, 1, generator=generator)  # (N, 1)
     return tokens.reshape(probs.shape[:-1])
