@@ -21,6 +21,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--out", help="write JSONL here instead of stdout")
+    p.add_argument("--spec", choices=("off", "to", "rs"), default="off",
+                   help="speculative decoding with the model's MTP head: target-only or rejection sampling")
+    p.add_argument("--k", type=int, default=3, help="drafts per step (1..8)")
+    p.add_argument("--metrics-out", help="with --spec: write the acceptance metrics here (else stderr)")
     add_device_args(p)
     p.set_defaults(func=_run_generate)
 
@@ -74,16 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_init(sub)
     _add_demo(sub)
+    from bebop.commands import eval as eval_cmd, mtp as mtp_cmd, sft as sft_cmd
+
+    sft_cmd.add_parser(sub)
+    mtp_cmd.add_parser(sub)
+    eval_cmd.add_parser(sub, add_device_args)
     _register_optional(sub)
     return parser
 
 
 def _register_optional(sub: argparse._SubParsersAction) -> None:
     """Subcommands that live beside their concept (tasks/cli.py, ...)."""
-    try:
-        from bebop.tasks.cli import register as register_tasks
-    except ImportError:
-        return
+    from bebop.tasks.cli import register as register_tasks
+
     register_tasks(sub)
 
 

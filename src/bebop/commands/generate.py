@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import torch
 from tqdm import tqdm
 
 from bebop.engine import generate
+from bebop.engine.metrics import SpecMetrics
+from bebop.engine.speculative import check_spec, speculative_generate
 from bebop.errors import BebopError
+from bebop.fileio import atomic_write_json
 from bebop.jsonl import dumps_rows, read_jsonl, write_jsonl
 from bebop.policy import Policy, load_policy
 from bebop.sampling import SamplingParams
@@ -31,12 +35,17 @@ def collect_prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
-def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) -> list[dict]:
+def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) -> tuple[list[dict], SpecMetrics | None]:
     if args.max_new_tokens < 1:
         raise BebopError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.batch_size < 1:
         raise BebopError(f"--batch-size must be >= 1, got {args.batch_size}")
     sampling = sampling_from_args(args)
+    metrics = None
+    if args.spec != "off":
+        check_spec(args.spec, args.k)
+        policy.model.require_mtp()
+        metrics = SpecMetrics(args.k)
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
     rows = []
     batches = range(0, len(prompts), args.batch_size)
@@ -46,20 +55,30 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
         for i, toks in enumerate(ids):
             if not toks:
                 raise BebopError(f"prompt {start + i} encodes to no tokens")
-        gens = generate(policy.model, ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                        stop_ids=policy.stop_ids, generator=generator, pad_id=policy.pad_id)
+        common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, stop_ids=policy.stop_ids,
+                      generator=generator, pad_id=policy.pad_id)
+        if metrics is None:
+            gens = generate(policy.model, ids, **common)
+        else:
+            gens, batch_metrics = speculative_generate(policy.model, ids, k=args.k, mode=args.spec, **common)
+            metrics = metrics.merge(batch_metrics)
         for text, gen in zip(texts, gens):
             body = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
             rows.append({"prompt": text, "completion": policy.codec.decode(body), "token_ids": gen.token_ids,
                          "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
-    return rows
+    return rows, metrics
 
 
 def run_generate(args: argparse.Namespace) -> None:
     prompts = collect_prompts(args)
     policy = load_policy(args.model, dtype=args.dtype, device=args.device)
-    rows = generate_rows(policy, prompts, args)
+    rows, metrics = generate_rows(policy, prompts, args)
     if args.out:
         write_jsonl(args.out, rows)
     else:
         sys.stdout.write(dumps_rows(rows))
+    if metrics is not None:
+        if args.metrics_out:
+            atomic_write_json(args.metrics_out, metrics.to_dict())
+        else:
+            print(json.dumps(metrics.to_dict()), file=sys.stderr)

@@ -3,8 +3,9 @@
 A directory holds `config.json` and either `model.safetensors` or shards listed by
 `model.safetensors.index.json`. Every file is written atomically (temp file + rename); the index
 is written last, so an interrupted save never leaves an index pointing at half-written shards.
-`mtp.*` tensors (the MTP draft head) live in the same files; the trunk loader leaves them to the
-MTP loader, and `save_model` keeps those already on disk unless told to replace them.
+`mtp.*` tensors (the MTP draft head) live in the same files (Hugging Face's `from_pretrained`
+silently drops them, so bebop reads and writes them itself); `mtp_num_hidden_layers` in
+config.json says how many MTP layers there are (inferred from the tensors when absent).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -176,18 +178,28 @@ def load_weights_into(model: CausalLM, model_dir: Path, found: dict[str, torch.T
     model.load_state_dict(from_hf_state(state, fused, model.config), strict=False, assign=True)
 
 
+def _mtp_layers_in(names) -> int:
+    layers = {name.split(".")[2] for name in names if name.startswith(MTP_PREFIX + "layers.")}
+    return len(layers)
+
+
 def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> CausalLM:
-    """Load the trunk (config + weights) from a Hugging Face model directory."""
+    """Load a Hugging Face model directory: the trunk, and the MTP head where it has `mtp.*` weights."""
     model_dir = Path(model_dir)
     cfg = read_config(model_dir)
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    is_trunk = lambda name: not name.startswith(MTP_PREFIX)  # noqa: E731
-    found = read_state_dict(model_dir, keep=is_trunk)
+    found = read_state_dict(model_dir)
     if cfg.tie_word_embeddings:
         found.pop("lm_head.weight", None)
-    load_weights_into(model, model_dir, found, is_trunk, dtype)
+    has_mtp = any(name.startswith(MTP_PREFIX) for name in found)
+    if has_mtp and not cfg.mtp_num_hidden_layers:
+        cfg = replace(cfg, mtp_num_hidden_layers=max(1, _mtp_layers_in(found)))
+    elif cfg.mtp_num_hidden_layers and not has_mtp:
+        raise BebopError(f"config.json in {model_dir} says mtp_num_hidden_layers={cfg.mtp_num_hidden_layers} "
+                         "but the checkpoint holds no mtp.* tensors")
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    load_weights_into(model, model_dir, found, lambda name: True, dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.to(device).eval()

@@ -15,6 +15,7 @@ from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 
 SUPPORTED_MODEL_TYPES = ("qwen3",)
+ONE_PLUS_W_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,11 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.mtp_num_hidden_layers < 0:
             raise BebopError(f"config.json: mtp_num_hidden_layers must be >= 0, got {self.mtp_num_hidden_layers}")
+
+    @property
+    def rms_norm_offset(self) -> float:
+        """RMSNorm style of the family: Qwen3 dense scales by w, Qwen3.5 / Qwen3-Next by (1 + w)."""
+        return 1.0 if self.model_type in ONE_PLUS_W_FAMILIES else 0.0
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:

@@ -11,6 +11,8 @@ The pre-norm hidden state is what an MTP head consumes (method.md section 2).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -18,6 +20,7 @@ from bebop.errors import BebopError
 from bebop.model.config import ModelConfig
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import DecoderLayer, RMSNorm, attention_context
+from bebop.model.mtp import MTPHead
 
 
 class Qwen3Model(nn.Module):
@@ -36,6 +39,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.mtp = MTPHead(cfg) if cfg.mtp_num_hidden_layers else None
 
     @property
     def device(self) -> torch.device:
@@ -45,16 +49,40 @@ class CausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
-        """Hugging Face's Qwen3 initialisation: N(0, std) for linear and embedding, norms at 1."""
+    def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02,
+                     prefix: str = "") -> None:
+        """Hugging Face's Qwen3 initialisation: N(0, std) for linear and embedding, norms at unit
+        scale. `prefix` limits it to one part (e.g. "mtp.")."""
         with torch.no_grad():
-            for name, param in self.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.fill_(1.0)
-                elif name.endswith("bias"):
-                    param.zero_()
-                else:
-                    param.normal_(0.0, std, generator=generator)
+            for name, module in self.named_modules():
+                if not name.startswith(prefix):
+                    continue
+                if isinstance(module, RMSNorm):
+                    module.weight.fill_(1.0 - module.offset)
+                elif isinstance(module, (nn.Linear, nn.Embedding)):
+                    module.weight.normal_(0.0, std, generator=generator)
+                    if getattr(module, "bias", None) is not None:
+                        module.bias.zero_()
+
+    def attach_mtp(self, num_layers: int = 1, generator: torch.Generator | None = None) -> None:
+        """Add a freshly initialised MTP head with `num_layers` layers (replacing any)."""
+        if num_layers < 1:
+            raise BebopError(f"an MTP head needs at least 1 layer, got {num_layers}")
+        self.config = replace(self.config, mtp_num_hidden_layers=num_layers)
+        self.mtp = MTPHead(self.config).to(device=self.device, dtype=self.dtype)
+        self.init_weights(generator, prefix="mtp.")
+
+    def require_mtp(self) -> MTPHead:
+        if self.mtp is None:
+            raise BebopError("this model has no MTP head (no mtp.* weights); add one with `bebop mtp init --model DIR`")
+        return self.mtp
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def mtp_logits(self, mtp_hidden: torch.Tensor) -> torch.Tensor:
+        """MTP output (..., H) before its norm -> draft logits (..., V) float32 (shared LM head)."""
+        return self.lm_head(self.require_mtp().norm(mtp_hidden)).float()
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         cfg = self.config

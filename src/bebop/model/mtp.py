@@ -1,0 +1,78 @@
+"""The MTP draft head in the Qwen3-Next / Qwen3.5 layout (method.md section 2).
+
+Inputs at position t: the trunk's last hidden state h_t (before the final norm) and the
+embedding of the token at t+1 (embedding table and LM head shared with the trunk):
+
+    x      = fc(concat[pre_fc_norm_embedding(e), pre_fc_norm_hidden(h_t)])   # 2H -> H, embedding first
+    x'     = layers[(depth - 1) % num_layers](x)                              # a trunk decoder layer, own KV cache
+    logits = lm_head(norm(x'))
+
+Depth d+1 takes depth d's output x' (pre-norm) and the embedding of the token drafted at depth d.
+
+KV-cache semantics (one cache row per sequence, positions like the trunk's): the entry at
+position s is written by the depth-1 input (h_s, e(x_{s+1})) -- the *refresh* after every
+verification, run through every MTP layer. Drafting depth d >= 2 writes speculative entries at
+positions t+1, t+2, ... which the next refresh overwrites (rollback = a length change). So depth
+d's query at position t+d-1 attends to refreshed history at positions <= t plus its own chain.
+MTP training (bebop.mtp_train) reproduces exactly this attention pattern.
+
+Checkpoint keys: mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight, mtp.fc.weight,
+mtp.layers.{i}.* (trunk layer names), mtp.norm.weight; `mtp_num_hidden_layers` in config.json.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bebop.model.config import ModelConfig
+from bebop.model.kv_cache import KVCache
+from bebop.model.layers import DecoderLayer, RMSNorm, attention_context
+
+
+class MTPHead(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.mtp_num_hidden_layers < 1:
+            raise ValueError("MTPHead needs mtp_num_hidden_layers >= 1")
+        h, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.rms_norm_offset
+        self.config = cfg
+        self.pre_fc_norm_embedding = RMSNorm(h, eps, offset)
+        self.pre_fc_norm_hidden = RMSNorm(h, eps, offset)
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.mtp_num_hidden_layers))
+        self.norm = RMSNorm(h, eps, offset)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype, device: torch.device) -> KVCache:
+        cfg = self.config
+        return KVCache(self.num_layers, batch_size, cfg.num_key_value_heads, cfg.head_dim, capacity,
+                       dtype=dtype, device=device)
+
+    def combine(self, hidden: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
+        """hidden (..., H), token_embeds (..., H) -> fc input mix (..., H)."""
+        mixed = torch.cat([self.pre_fc_norm_embedding(token_embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
+        return self.fc(mixed)
+
+    def forward(self, hidden: torch.Tensor, token_embeds: torch.Tensor, depth: int, cache: KVCache,
+                num_new: torch.Tensor) -> torch.Tensor:
+        """One cached MTP step at `depth` (1-based) over a ragged chunk.
+
+        hidden (B, T, H): trunk hidden (depth 1) or the previous depth's output;
+        token_embeds (B, T, H): embeddings of the next tokens; num_new (B,): tokens kept per row.
+        Depth 1 is the refresh: it runs every MTP layer so each layer's cache holds the history,
+        and returns layer 0's output. Returns (B, T, H) before `norm`."""
+        x = self.combine(hidden, token_embeds)  # (B, T, H)
+        positions = cache.positions(x.shape[1])  # (B, T)
+        cfg = self.config
+        ctx = attention_context(positions, cache, cfg.head_dim, cfg.rope_theta, x.dtype)
+        if depth == 1:
+            outs = [layer(x, ctx) for layer in self.layers]
+            out = outs[0]
+        else:
+            out = self.layers[(depth - 1) % self.num_layers](x, ctx)
+        cache.advance(num_new, x.shape[1])
+        return out

@@ -1,0 +1,87 @@
+"""Episodes: problems -> generations (with the task's environment) -> rewards.
+
+    episodes = run_episodes(policy, task, problems, sampling=SamplingParams(1.0),
+                            max_new_tokens=160, generator=g, batch_size=64)
+
+The engine knows nothing about tasks; this module adapts a task's `observe` hook (agent tool
+calls) into the engine's observer and scores each finished transcript with the task's reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from bebop.engine import Generation, generate
+from bebop.engine.records import FINISH_STOP
+from bebop.errors import BebopError
+from bebop.policy import Policy
+from bebop.sampling import SamplingParams
+from bebop.tasks import Problem, Task
+
+INTERRUPT_TOKEN = "</call>"
+
+
+@dataclass
+class Episode:
+    problem: Problem
+    generation: Generation
+    completion: str  # the transcript after the prompt (observations included, stop token excluded)
+    reward: float
+
+
+def completion_ids(gen: Generation) -> list[int]:
+    """The generated ids without the final stop token."""
+    return gen.token_ids[:-1] if gen.finish_reason == FINISH_STOP else list(gen.token_ids)
+
+
+def make_observer(policy: Policy, task: Task, problems: Sequence[Problem]) -> Callable[[int, list[int]], list[int] | None]:
+    def observe(row: int, token_ids: list[int]) -> list[int] | None:
+        text = task.observe(problems[row], policy.codec.decode(token_ids))
+        return policy.codec.encode(text) if text else None
+
+    return observe
+
+
+def encode_prompts(policy: Policy, problems: Sequence[Problem]) -> list[list[int]]:
+    unk = policy.codec.token_id("<unk>")
+    prompts = []
+    for problem in problems:
+        ids = policy.codec.encode(problem.prompt)
+        if not ids or (unk is not None and unk in ids):
+            raise BebopError(f"the policy's tokenizer cannot express this {problem.task} prompt: {problem.prompt[:60]!r}")
+        prompts.append(ids)
+    return prompts
+
+
+def run_episodes(policy: Policy, task: Task, problems: Sequence[Problem], *, sampling: SamplingParams,
+                 max_new_tokens: int, generator: torch.Generator | None, batch_size: int = 64,
+                 generate_fn=generate, on_batch: Callable[[int], None] | None = None) -> list[Episode]:
+    """Generate and score one episode per problem, `batch_size` rows at a time."""
+    interrupt = policy.codec.token_id(INTERRUPT_TOKEN)
+    episodes = []
+    for start in range(0, len(problems), batch_size):
+        chunk = list(problems[start:start + batch_size])
+        gens = generate_fn(policy.model, encode_prompts(policy, chunk), max_new_tokens=max_new_tokens,
+                           sampling=sampling, stop_ids=policy.stop_ids, generator=generator, pad_id=policy.pad_id,
+                           observer=make_observer(policy, task, chunk),
+                           interrupt_ids=[interrupt] if interrupt is not None else [])
+        for problem, gen in zip(chunk, gens):
+            text = policy.codec.decode(completion_ids(gen))
+            episodes.append(Episode(problem, gen, text, task.score(problem, text)))
+        if on_batch:
+            on_batch(len(chunk))
+    return episodes
+
+
+def summarize(episodes: Sequence[Episode]) -> dict:
+    """pass_rate (reward == 1), mean_reward, mean_entropy over the policy's tokens, n."""
+    n = len(episodes)
+    ent = [e for ep in episodes for e, m in zip(ep.generation.entropies, ep.generation.policy_mask) if m]
+    return {"n": n,
+            "pass_rate": sum(ep.reward >= 1.0 for ep in episodes) / max(n, 1),
+            "mean_reward": sum(ep.reward for ep in episodes) / max(n, 1),
+            "mean_entropy": sum(ent) / max(len(ent), 1),
+            "mean_completion_tokens": sum(len(ep.generation.token_ids) for ep in episodes) / max(n, 1)}

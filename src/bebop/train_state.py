@@ -1,0 +1,44 @@
+"""Resumable training state next to a model directory: optimizer, step, random states.
+
+`save_train_state` writes `train_state.pt` atomically; the model weights are saved first by the
+caller, so a crash between the two resumes from the older state with newer weights at worst
+one save interval apart -- never from a half-written file.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bebop.errors import BebopError
+from bebop.fileio import atomic_write
+
+STATE_FILE = "train_state.pt"
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_train_state(directory: str | os.PathLike, state: dict) -> None:
+    atomic_write(Path(directory) / STATE_FILE, lambda tmp: torch.save(state, tmp))
+
+
+def load_train_state(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / STATE_FILE
+    if not path.is_file():
+        raise BebopError(f"nothing to resume: no {STATE_FILE} in {directory}")
+    try:
+        return torch.load(path, weights_only=False)
+    except Exception as exc:  # a truncated or foreign file
+        raise BebopError(f"corrupt training state {path}: {type(exc).__name__}") from None
