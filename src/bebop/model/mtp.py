@@ -11,7 +11,8 @@ Depth d+1 takes depth d's output x' (pre-norm) and the embedding of the token dr
 
 KV-cache semantics (one cache row per sequence, positions like the trunk's): the entry at
 position s is written by the depth-1 input (h_s, e(x_{s+1})) -- the *refresh* after every
-verification, run through every MTP layer. Drafting depth d >= 2 writes speculative entries at
+verification, run through every MTP layer. With several layers, a depth sees only the chain
+entries its own layer wrote. Drafting depth d >= 2 writes speculative entries at
 positions t+1, t+2, ... which the next refresh overwrites (rollback = a length change). So depth
 d's query at position t+d-1 attends to refreshed history at positions <= t plus its own chain.
 MTP training (bebop.mtp_train) reproduces exactly this attention pattern.
@@ -73,6 +74,20 @@ class MTPHead(nn.Module):
             outs = [layer(x, ctx) for layer in self.layers]
             out = outs[0]
         else:
+            ctx.mask = self._hide_other_layers(ctx.mask, positions, depth)
             out = self.layers[(depth - 1) % self.num_layers](x, ctx)
         cache.advance(num_new, x.shape[1])
         return out
+
+    def _hide_other_layers(self, mask: torch.Tensor, positions: torch.Tensor, depth: int) -> torch.Tensor:
+        """With L > 1 layers, a depth-d query must not see the chain entries that other layers
+        wrote (at depths j < d with (j-1) % L != (d-1) % L): they are absent from its cache."""
+        if self.num_layers == 1:
+            return mask
+        layer = (depth - 1) % self.num_layers
+        keys = torch.arange(mask.shape[-1], device=mask.device)  # (S,)
+        for j in range(2, depth):
+            if (j - 1) % self.num_layers != layer:
+                other = positions[:, :, None] - (depth - j)  # (B, T, 1): where depth j's entry sits
+                mask = mask & (keys[None, None, :] != other)[:, None]
+        return mask

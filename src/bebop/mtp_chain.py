@@ -1,0 +1,94 @@
+"""Teacher-forced MTP chains for training, with exactly the inference attention pattern.
+
+For every position t of a sequence and depth d = 1..D (method.md section 4):
+
+    input   hidden: h_t (trunk, pre-norm) for d = 1, else the depth d-1 output of chain t
+            token:  x_{t+d} (the data token; teacher forcing)
+    layer   layers[(d-1) % L] at position t+d-1
+    target  the trunk's distribution at position t+d (predicts x_{t+d+1})
+
+Attention matches the cached drafting of bebop.model.mtp: the depth-d query of chain t sees the
+*refresh* keys of its layer at positions 0..t (the depth-1 inputs (h_s, x_{s+1}) run through that
+layer) plus chain t's own entries at depths 2..d that used the same layer. So a head trained here
+is evaluated in inference on the very function it was trained on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from bebop.model.layers import DecoderLayer, rope_cos_sin
+from bebop.model.mtp import MTPHead
+
+
+def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, Hkv, T, Dh) -> (B, Hq, T, Dh) for grouped-query attention."""
+    return x.repeat_interleave(groups, dim=1) if groups > 1 else x
+
+
+def _layer_step(layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor, theta: float,
+                memory: tuple[torch.Tensor, torch.Tensor] | None,
+                own: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One decoder layer over all chains at one depth.
+
+    x (B, T, H) at `positions` (B, T). memory: this layer's refresh keys/values (B, Hkv, T, Dh),
+    causal over chain starts, or None at depth 1 (then this call's own k/v are the memory).
+    own: earlier same-layer entries of each chain [(k, v) (B, Hkv, T, Dh)].
+    Returns the layer output (B, T, H) and this call's (k, v)."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    cos, sin = rope_cos_sin(positions, attn.head_dim, theta, h.dtype)
+    q, k, v = attn.project(h, cos, sin)  # (B, Hq, T, Dh), (B, Hkv, T, Dh) x2
+    groups = attn.num_heads // attn.num_kv_heads
+    mem_k, mem_v = memory if memory is not None else (k, v)
+    t = x.shape[1]
+    scale = 1.0 / math.sqrt(attn.head_dim)
+    causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # (T, T): key s <= chain t
+    scores = [(q @ _expand_kv(mem_k, groups).transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
+    values = [_expand_kv(mem_v, groups)]
+    entries = own + ([(k, v)] if memory is not None else [])
+    for ek, ev in entries:
+        scores.append((q * _expand_kv(ek, groups)).sum(-1, keepdim=True) * scale)  # (B, Hq, T, 1)
+    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # (B, Hq, T, T + len(entries))
+    out = probs[..., :t] @ values[0]  # (B, Hq, T, Dh)
+    for j, (_, ev) in enumerate(entries):
+        out = out + probs[..., t + j: t + j + 1] * _expand_kv(ev, groups)
+    b = x.shape[0]
+    x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+    x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x, (k, v)
+
+
+def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.Tensor]) -> list[torch.Tensor]:
+    """hidden (B, T, H) trunk pre-norm states; token_embeds[d-1] (B, T, H) = embedding of x_{t+d}.
+
+    Returns the head's output (before its norm) for each depth: D tensors (B, T, H)."""
+    b, t, _ = hidden.shape
+    theta = head.config.rope_theta
+    base = torch.arange(t, device=hidden.device).expand(b, t)  # (B, T) chain start positions
+    num_layers = head.num_layers
+    memory: list[tuple[torch.Tensor, torch.Tensor]] = []
+    own: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(num_layers)]
+    outputs = []
+    x_in = hidden
+    for depth, embeds in enumerate(token_embeds, start=1):
+        x = head.combine(x_in, embeds)  # (B, T, H)
+        if depth == 1:
+            results = [_layer_step(layer, x, base, theta, None, []) for layer in head.layers]
+            memory = [kv for _, kv in results]
+            out = results[0][0]
+        else:
+            li = (depth - 1) % num_layers
+            out, kv = _layer_step(head.layers[li], x, base + depth - 1, theta, memory[li], own[li])
+            own[li].append(kv)
+        outputs.append(out)
+        x_in = out
+    return outputs
+
+
+def shifted(tokens: torch.Tensor, d: int, pad_id: int) -> torch.Tensor:
+    """tokens (B, T) -> (B, T) with out[:, t] = tokens[:, t+d] (pad past the end)."""
+    return F.pad(tokens[:, d:], (0, d), value=pad_id)
