@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from bebop.model.layers import DecoderLayer, rope_cos_sin
 from bebop.model.mtp import MTPHead
@@ -89,6 +88,7 @@ def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.
     return outputs
 
 
-def shifted(tokens: torch.Tensor, d: int, pad_id: int) -> torch.Tensor:
-    """tokens (B, T) -> (B, T) with out[:, t] = tokens[:, t+d] (pad past the end)."""
-    return F.pad(tokens[:, d:], (0, d), value=pad_id)
+def shifted(x: torch.Tensor, d: int, pad_value: float) -> torch.Tensor:
+    """x (B, T, ...) -> (B, T, ...) with out[:, t] = x[:, t+d], `pad_value` past the end."""
+    pad = x.new_full((x.shape[0], min(d, x.shape[1]), *x.shape[2:]), pad_value)
+    return torch.cat([x[:, d:], pad], dim=1)

@@ -24,20 +24,25 @@ def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
+def config_diff(saved: dict, current: dict) -> list[str]:
+    """Names of the fields whose values differ between two config dicts."""
+    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+
+
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
 
 
-def save_train_state(directory: str | os.PathLike, state: dict) -> None:
-    atomic_write(Path(directory) / STATE_FILE, lambda tmp: torch.save(state, tmp))
+def save_train_state(directory: str | os.PathLike, state: dict, name: str = STATE_FILE) -> None:
+    atomic_write(Path(directory) / name, lambda tmp: torch.save(state, tmp))
 
 
-def load_train_state(directory: str | os.PathLike) -> dict:
-    path = Path(directory) / STATE_FILE
+def load_train_state(directory: str | os.PathLike, name: str = STATE_FILE) -> dict:
+    path = Path(directory) / name
     if not path.is_file():
-        raise BebopError(f"nothing to resume: no {STATE_FILE} in {directory}")
+        raise BebopError(f"nothing to resume: no {name} in {directory}")
     try:
         return torch.load(path, weights_only=False)
     except Exception as exc:  # a truncated or foreign file

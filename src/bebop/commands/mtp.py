@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,70 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--force", action="store_true", help="replace an existing head")
     init.set_defaults(func=run_init)
+    _add_train(mtp_sub)
+    _add_eval(mtp_sub)
     return mtp_sub
+
+
+def _add_train(mtp_sub) -> None:
+    from bebop.mtp_train import MTPTrainConfig
+
+    d = MTPTrainConfig()
+    p = mtp_sub.add_parser("train", help="train the MTP head on the policy's own samples (trunk frozen)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--loss", default=d.loss, help="ce, kl, rkl, tv or e2e_tv")
+    p.add_argument("--depths", type=int, default=d.depths)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--temperature", type=float, default=d.temperature, help="sampling and target temperature")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--task", default=d.task, help="task whose train prompts feed self-distillation")
+    p.add_argument("--num-samples", type=int, default=d.num_samples, help="self-distillation samples")
+    p.add_argument("--num-demos", type=int, default=d.num_demos, help="task demonstrations mixed in")
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--out", help="write the trained model here (default: into --model)")
+    p.add_argument("--resume", action="store_true")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> None:
+    from bebop.mtp_train import MTPTrainConfig, train_mtp
+
+    cfg = MTPTrainConfig(loss=args.loss, depths=args.depths, steps=args.steps, lr=args.lr,
+                         batch_size=args.batch_size, temperature=args.temperature, seed=args.seed, task=args.task,
+                         num_samples=args.num_samples, num_demos=args.num_demos, save_every=args.save_every)
+    print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume)))
+
+
+def _add_eval(mtp_sub) -> None:
+    p = mtp_sub.add_parser("eval", help="acceptance under RS and TO at K, across temperatures")
+    p.add_argument("--model", required=True)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--temperatures", default="0.3,0.7,1.0", help="comma-separated")
+    p.add_argument("--mode", choices=("rs", "to", "both"), default="both")
+    p.add_argument("--task", default="math")
+    p.add_argument("--n", type=int, default=64, help="test problems per point")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=192)
+    p.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> None:
+    from bebop.mtp_eval import evaluate_mtp
+    from bebop.tasks import get_task
+
+    try:
+        temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
+    except ValueError:
+        raise BebopError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
+    if not temperatures or any(t < 0 for t in temperatures):
+        raise BebopError(f"--temperatures must be >= 0, got {args.temperatures!r}")
+    modes = ["rs", "to"] if args.mode == "both" else [args.mode]
+    policy = load_policy(args.model)
+    for row in evaluate_mtp(policy, get_task(args.task), k=args.k, temperatures=temperatures, modes=modes,
+                            n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens):
+        print(json.dumps(row), flush=True)
 
 
 def run_init(args: argparse.Namespace) -> None:

@@ -1,0 +1,65 @@
+"""Acceptance of an MTP head under RS and TO, at K and at a list of temperatures.
+
+    results = evaluate_mtp(policy, task, k=3, temperatures=[0.3, 0.7, 1.0], modes=["rs", "to"], n=64)
+
+Each result is one (mode, temperature) point: vLLM's acceptance metrics from real speculative
+generation on the task's test prompts (agent observations included), plus the mean target
+entropy of the emitted tokens and the task's pass rate.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import torch
+from tqdm import tqdm
+
+from bebop.engine.metrics import SpecMetrics
+from bebop.engine.speculative import check_spec, speculative_generate
+from bebop.errors import BebopError
+from bebop.policy import Policy
+from bebop.rollout import run_episodes, summarize
+from bebop.sampling import SamplingParams
+from bebop.tasks import Task
+
+
+def speculative_rollout_fn(k: int, mode: str, sink: list[SpecMetrics]):
+    """An engine function for run_episodes that drafts with the MTP head and collects metrics."""
+
+    def run(model, prompts, **kwargs):
+        gens, metrics = speculative_generate(model, prompts, k=k, mode=mode, **kwargs)
+        sink.append(metrics)
+        return gens
+
+    return run
+
+
+def merged(metrics: Sequence[SpecMetrics], k: int) -> SpecMetrics:
+    out = SpecMetrics(k)
+    for m in metrics:
+        out = out.merge(m)
+    return out
+
+
+def evaluate_mtp(policy: Policy, task: Task, *, k: int, temperatures: Sequence[float], modes: Sequence[str],
+                 n: int, seed: int = 0, max_new_tokens: int = 192, batch_size: int = 64,
+                 progress: bool = True) -> list[dict]:
+    policy.model.require_mtp()
+    if n < 1:
+        raise BebopError(f"--n must be >= 1, got {n}")
+    for mode in modes:
+        check_spec(mode, k)
+    problems = task.problems("test", n, seed)
+    results = []
+    points = [(m, t) for m in modes for t in temperatures]
+    for mode, temperature in tqdm(points, desc="mtp eval", disable=not progress, file=sys.stderr):
+        sink: list[SpecMetrics] = []
+        episodes = run_episodes(policy, task, problems, sampling=SamplingParams(temperature),
+                                max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                generator=torch.Generator(device=policy.model.device).manual_seed(seed),
+                                generate_fn=speculative_rollout_fn(k, mode, sink))
+        summary = summarize(episodes)
+        results.append({"mode": mode, "temperature": temperature, **merged(sink, k).to_dict(),
+                        "pass_rate": summary["pass_rate"], "n": n})
+    return results

@@ -1,0 +1,186 @@
+"""Pre-RL training of the MTP draft head (method.md section 4).
+
+    bebop mtp train --model DIR --loss e2e_tv [--depths 5] [--steps 300] [--out DIR2] [--resume]
+
+The trunk is frozen and detached: only `mtp.*` parameters train (the embedding and LM head the
+head shares with the trunk stay frozen too). Each step takes a batch of sequences, runs the
+trunk once without gradients, and trains the teacher-forced chain (bebop.mtp_chain) over
+`depths` depths against the trunk's own distributions at the training temperature: the target
+for depth d at chain t is the trunk's distribution at position t+d. Chains are kept only where
+they lie wholly inside a completion's policy tokens (never in the prompt, padding or an
+environment observation). Metrics go to `mtp_metrics.jsonl`; `mtp_train_state.pt` resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bebop.errors import BebopError
+from bebop.fileio import atomic_write_text
+from bebop.losses import DRAFT_LOSSES, DraftLossInputs, draft_loss
+from bebop.model.checkpoint import save_model
+from bebop.mtp_chain import chain_forward, shifted
+from bebop.mtp_data import Sequence, demonstration_data, selfdistill_data
+from bebop.policy import Policy, load_policy
+from bebop.tasks import get_task
+from bebop.train_state import config_diff, load_train_state, rng_state, save_train_state, set_rng_state
+
+STATE_FILE = "mtp_train_state.pt"
+METRICS_FILE = "mtp_metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class MTPTrainConfig:
+    loss: str = "e2e_tv"
+    depths: int = 5
+    steps: int = 300
+    lr: float = 2e-3
+    batch_size: int = 16
+    temperature: float = 1.0
+    seed: int = 0
+    task: str = "math"
+    num_samples: int = 512  # self-distillation samples from the policy
+    num_demos: int = 0  # task demonstrations mixed in
+    max_new_tokens: int = 192
+    grad_clip: float = 1.0
+    save_every: int = 100
+
+    def validate(self) -> None:
+        if self.loss not in DRAFT_LOSSES:
+            raise BebopError(f"unknown loss {self.loss!r}; choose from {', '.join(DRAFT_LOSSES)}")
+        if self.depths < 1:
+            raise BebopError(f"--depths must be >= 1, got {self.depths}")
+        if self.steps < 1 or self.batch_size < 1 or self.num_samples + self.num_demos < 1:
+            raise BebopError("--steps, --batch-size and the number of sequences must be >= 1")
+        if not self.temperature > 0:
+            raise BebopError(f"--temperature must be > 0 for training targets, got {self.temperature}")
+
+
+@dataclass
+class ChainBatch:
+    ids: torch.Tensor  # (B, T) right-padded sequences
+    keep: torch.Tensor  # (B, T) bool: chain starts that are trained
+
+
+def make_batch(seqs: list[Sequence], depths: int, pad_id: int) -> ChainBatch:
+    """Pad sequences; keep chain t iff positions t+1..t+depths are policy completion tokens."""
+    width = max(len(s.ids) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    trainable = torch.zeros(len(seqs), width + depths, dtype=torch.bool)  # position is a policy token
+    for b, s in enumerate(seqs):
+        ids[b, : len(s.ids)] = torch.tensor(s.ids)
+        p = len(s.prompt_ids)
+        trainable[b, p: p + len(s.completion_ids)] = ~torch.tensor(s.env_mask, dtype=torch.bool)
+    keep = torch.ones(len(seqs), width, dtype=torch.bool)
+    for d in range(1, depths + 1):
+        keep &= trainable[:, d: d + width]
+    return ChainBatch(ids, keep)
+
+
+def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig):
+    """The draft loss of one batch (gradient into the head only) -> DraftLossOutput."""
+    model = policy.model
+    head = model.require_mtp()
+    with torch.no_grad():
+        hidden = model(batch.ids)  # (B, T, H) pre-norm
+        target = torch.softmax(model.logits(hidden) / cfg.temperature, dim=-1)  # (B, T, V)
+        targets = torch.stack([shifted(target, d, 0) for d in range(1, cfg.depths + 1)], dim=2)  # (B, T, D, V)
+        embeds = [model.embed(shifted(batch.ids, d, policy.pad_id)) for d in range(1, cfg.depths + 1)]
+    outs = chain_forward(head, hidden, embeds)  # D x (B, T, H)
+    draft_logits = torch.stack([model.mtp_logits(o) for o in outs], dim=2) / cfg.temperature  # (B, T, D, V)
+    v = draft_logits.shape[-1]
+    inputs = DraftLossInputs(draft_logits.reshape(-1, cfg.depths, v), targets.reshape(-1, cfg.depths, v),
+                             batch.keep.reshape(-1))
+    return draft_loss(cfg.loss, inputs)
+
+
+def freeze_trunk(policy: Policy) -> list[torch.nn.Parameter]:
+    """Only mtp.* trains; returns those parameters."""
+    params = []
+    for name, p in policy.model.named_parameters():
+        p.requires_grad_(name.startswith("mtp."))
+        if p.requires_grad:
+            params.append(p)
+    return params
+
+
+def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bool) -> list[Sequence]:
+    task = get_task(cfg.task)
+    data = []
+    if cfg.num_samples:
+        data += selfdistill_data(policy, task, n=cfg.num_samples, temperature=cfg.temperature, seed=cfg.seed,
+                                 cache_dir=cache_dir, max_new_tokens=cfg.max_new_tokens, progress=progress)
+    if cfg.num_demos:
+        data += demonstration_data(policy, task, n=cfg.num_demos, seed=cfg.seed)
+    return data
+
+
+def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | None = None, resume: bool = False,
+              progress: bool = True, data_cache: str | Path | None = None) -> dict:
+    """Train the head of the model in `model_dir`; write it to `out` (default: model_dir)."""
+    cfg.validate()
+    out = Path(out or model_dir)
+    source = out if resume else Path(model_dir)
+    policy = load_policy(source, device="cpu")
+    policy.model.require_mtp()
+    state = load_train_state(out, STATE_FILE) if resume else None
+    if state is not None and (diff := config_diff(state["config"], asdict(cfg))):
+        raise BebopError(f"cannot resume {out}: config differs in {', '.join(diff)}")
+    params = freeze_trunk(policy)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    data = load_data(policy, cfg, Path(data_cache or Path(model_dir) / "mtp_data"), progress)
+    rng, start = random.Random(cfg.seed), 0
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        rng.setstate(state["data_rng"])
+        set_rng_state(state["rng"])
+        start = state["step"]
+    elif out != Path(model_dir):
+        save_model(policy.model, out)
+        _copy_tokenizer(Path(model_dir), out)
+    lines = _read_lines(out / METRICS_FILE)[:start]
+    policy.model.train()
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}",
+               disable=not progress, file=sys.stderr)
+    t0 = time.perf_counter()
+    for step in bar:
+        batch = make_batch([data[rng.randrange(len(data))] for _ in range(cfg.batch_size)], cfg.depths, policy.pad_id)
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * min(1.0, (step + 1) / 20)
+        result = chain_step(policy, batch, cfg)
+        opt.zero_grad(set_to_none=True)
+        result.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        acc = [round(a, 4) for a in result.acceptance_per_depth.tolist()]
+        lines.append(json.dumps({"step": step + 1, "loss": round(result.loss.item(), 5), "acceptance_per_depth": acc,
+                                 "num_chains": result.num_chains}))
+        bar.set_postfix(loss=f"{result.loss.item():.3f}", acc1=f"{acc[0]:.3f}")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            policy.model.eval()
+            save_model(policy.model, out)
+            atomic_write_text(out / METRICS_FILE, "\n".join(lines) + "\n")
+            save_train_state(out, {"config": asdict(cfg), "step": step + 1, "optimizer": opt.state_dict(),
+                                   "data_rng": rng.getstate(), "rng": rng_state()}, STATE_FILE)
+            policy.model.train()
+    last = json.loads(lines[-1]) if lines else {}
+    return {"steps": cfg.steps, "loss": last.get("loss"), "acceptance_per_depth": last.get("acceptance_per_depth"),
+            "train_seconds_this_run": round(time.perf_counter() - t0, 1), "out": str(out)}
+
+
+def _read_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (src / name).is_file():
+            atomic_write_text(dst / name, (src / name).read_text())
