@@ -41,7 +41,7 @@ META_FILE = "sft_meta.json"
 @dataclass(frozen=True)
 class SFTConfig:
     task: str = "math"
-    steps: int = 500
+    steps: int = 600
     batch_size: int = 32
     lr: float = 3e-3
     warmup: int = 30

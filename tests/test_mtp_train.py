@@ -1,0 +1,116 @@
+"""MTP training: trunk untouched, acceptance rises, resume, bad input."""
+
+import json
+
+import pytest
+import torch
+
+from bebop.errors import BebopError
+from bebop.model import load_model
+from bebop.model.checkpoint import save_model
+from bebop.mtp_data import Sequence
+from bebop.mtp_train import MTPTrainConfig, make_batch, train_mtp
+from bebop.policy import load_policy
+
+
+@pytest.fixture()
+def headed_model(tiny_model_dir, tmp_path):
+    """The tiny random model, made peaked (so the head has something to learn), with a fresh head."""
+    model = load_model(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)  # tied with the embedding: sharper, more predictable
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    path = tmp_path / "model"
+    save_model(model, path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).write_text((tiny_model_dir / name).read_text())
+    return path
+
+
+def _cfg(**kw):
+    base = dict(loss="e2e_tv", depths=3, steps=40, lr=3e-3, batch_size=8, num_samples=24, max_new_tokens=24,
+                save_every=20, temperature=1.0)
+    base.update(kw)
+    return MTPTrainConfig(**base)
+
+
+def test_training_changes_only_the_head_and_raises_acceptance(headed_model, tmp_path):
+    before = load_model(headed_model)
+    out = tmp_path / "trained"
+    result = train_mtp(headed_model, _cfg(), out=out, progress=False)
+    after = load_model(out)
+    for name, tensor in before.state_dict().items():
+        same = torch.equal(tensor, after.state_dict()[name])
+        assert same != name.startswith("mtp."), name  # trunk, embedding and LM head equal; head changed
+    lines = [json.loads(x) for x in (out / "mtp_metrics.jsonl").read_text().splitlines()]
+    first, last = lines[0]["acceptance_per_depth"][0], result["acceptance_per_depth"][0]
+    assert last > first + 0.1, (first, last)
+
+
+def test_measured_acceptance_rises_in_the_engine(headed_model, tmp_path):
+    from bebop.mtp_eval import evaluate_mtp
+    from bebop.tasks import get_task
+
+    def acceptance(path):
+        policy = load_policy(path)
+        rows = evaluate_mtp(policy, get_task("math"), k=2, temperatures=[1.0], modes=["rs"], n=12,
+                            max_new_tokens=24, progress=False)
+        return rows[0]["acceptance_rate"]
+
+    untrained = acceptance(headed_model)
+    train_mtp(headed_model, _cfg(steps=60), out=tmp_path / "t", progress=False)
+    assert acceptance(tmp_path / "t") > untrained + 0.1
+
+
+def test_resume_continues_from_the_saved_step(headed_model, tmp_path):
+    out = tmp_path / "run"
+    full = train_mtp(headed_model, _cfg(steps=40), out=tmp_path / "full", progress=False)
+    train_mtp(headed_model, _cfg(steps=40), out=out, progress=False)  # writes checkpoints at 20 and 40
+    state = torch.load(out / "mtp_train_state.pt", weights_only=False)
+    assert state["step"] == 40
+    # simulate a run killed after step 20: rewind to the step-20 checkpoint, then resume
+    partial = tmp_path / "partial"
+    train_mtp(headed_model, _cfg(steps=20, save_every=20), out=partial, progress=False)
+    st = torch.load(partial / "mtp_train_state.pt", weights_only=False)
+    st["config"]["steps"] = 40
+    torch.save(st, partial / "mtp_train_state.pt")
+    resumed = train_mtp(headed_model, _cfg(steps=40), out=partial, resume=True, progress=False)
+    lines = (partial / "mtp_metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(1, 41))
+    assert resumed["loss"] == pytest.approx(full["loss"], rel=1e-4)
+
+
+def test_resume_with_other_config_names_the_fields(headed_model, tmp_path):
+    train_mtp(headed_model, _cfg(steps=20), out=tmp_path / "r", progress=False)
+    with pytest.raises(BebopError, match="loss"):
+        train_mtp(headed_model, _cfg(steps=20, loss="ce"), out=tmp_path / "r", resume=True, progress=False)
+
+
+def test_chain_mask_excludes_prompt_padding_and_observations():
+    seqs = [Sequence([1, 2, 3], [4, 5, 6, 7, 8], [False, False, True, False, False]),
+            Sequence([1, 2], [4, 5, 6], [False, False, False])]
+    batch = make_batch(seqs, depths=2, pad_id=0)
+    # row 0: completion tokens at positions 3..7, an env token at 5. Chain t feeds x_{t+1}..x_{t+D}
+    # as teacher-forced inputs, so those must be policy tokens: t = 2 (3, 4) and t = 5 (6, 7).
+    assert batch.keep[0].tolist() == [False, False, True, False, False, True, False, False]
+    assert batch.keep[1].tolist() == [False, True, True, False, False, False, False, False]
+
+
+@pytest.mark.parametrize("kw,needle", [(dict(loss="l2"), "unknown loss"), (dict(depths=0), "depths")])
+def test_bad_config(headed_model, kw, needle):
+    with pytest.raises(BebopError, match=needle):
+        train_mtp(headed_model, _cfg(**kw), progress=False)
+
+
+def test_model_without_head(tiny_model_dir):
+    with pytest.raises(BebopError, match="bebop mtp init"):
+        train_mtp(tiny_model_dir, _cfg(), progress=False)
+
+
+def test_data_from_another_tokenizer(headed_model, tmp_path):
+    cache = tmp_path / "cache"
+    train_mtp(headed_model, _cfg(steps=1), out=tmp_path / "a", progress=False, data_cache=cache)
+    (path,) = cache.glob("*.jsonl")
+    path.write_text(path.read_text().replace('"tokenizer": "', '"tokenizer": "x'))
+    with pytest.raises(BebopError, match="another tokenizer"):
+        train_mtp(headed_model, _cfg(steps=1), out=tmp_path / "b", progress=False, data_cache=cache)
