@@ -1,0 +1,82 @@
+"""Policy SFT on task demonstrations, and `bebop eval`."""
+
+import json
+
+import pytest
+import torch
+
+from bebop.cli import main
+from bebop.errors import BebopError
+from bebop.sft import IGNORE, SFTConfig, encode_example, train_sft
+from conftest import CHAR_CODEC
+
+TINY = (("hidden_size", 32), ("intermediate_size", 64), ("num_hidden_layers", 1), ("num_attention_heads", 2),
+        ("num_key_value_heads", 1), ("head_dim", 16), ("max_position_embeddings", 256))
+
+
+def _cfg(**kw):
+    base = dict(task="math", steps=30, batch_size=8, lr=5e-3, warmup=5, pool=200, save_every=15, model_overrides=TINY)
+    base.update(kw)
+    return SFTConfig(**base)
+
+
+def test_labels_cover_the_completion_and_eos_only():
+    ids, labels = encode_example(CHAR_CODEC, "Q: 1+1?\n", "2 <call>calc 1+1</call><obs>2</obs> ok")
+    text_ids = CHAR_CODEC.encode("Q: 1+1?\n")
+    assert all(x == IGNORE for x in labels[: len(text_ids)])  # prompt
+    assert labels[-1] == CHAR_CODEC.eos_id
+    obs = CHAR_CODEC.encode("<obs>2</obs>")
+    start = ids.index(obs[0])
+    assert labels[start: start + len(obs)] == [IGNORE] * len(obs)  # environment tokens
+    assert labels[start - 1] == CHAR_CODEC.token_id("</call>")  # the policy's own tool call is trained
+
+
+def test_sft_lowers_the_loss_and_writes_a_loadable_model(tmp_path, capsys):
+    out = tmp_path / "policy"
+    metrics = train_sft(out, _cfg(), progress=False)
+    state = torch.load(out / "train_state.pt", weights_only=False)
+    assert state["step"] == 30
+    history = state["history"]
+    assert sum(history[-5:]) / 5 < 0.7 * sum(history[:5]) / 5
+    assert metrics["num_parameters"] > 0 and (out / "sft_meta.json").is_file()
+    assert main(["generate", "--model", str(out), "--prompt", "Ann has 3 eggs.", "--max-new-tokens", "5"]) == 0
+    assert main(["eval", "--model", str(out), "--task", "math", "--n", "4", "--max-new-tokens", "40"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"pass_rate", "mean_entropy", "n"} <= set(row) and row["n"] == 4
+    assert 0.0 <= row["pass_rate"] <= 1.0 and row["mean_entropy"] > 0
+
+
+def test_resume_continues_and_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    import bebop.sft as sft
+
+    full = tmp_path / "full"
+    train_sft(full, _cfg(steps=30), progress=False)
+    real, calls = sft.sample_batch, []
+
+    def crash_on_step_21(*args, **kwargs):  # the run dies after its step-15 save, mid-way to 30
+        calls.append(1)
+        if len(calls) == 21:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    part = tmp_path / "part"
+    monkeypatch.setattr(sft, "sample_batch", crash_on_step_21)
+    with pytest.raises(KeyboardInterrupt):
+        train_sft(part, _cfg(steps=30), progress=False)
+    assert torch.load(part / "train_state.pt", weights_only=False)["step"] == 15
+    monkeypatch.setattr(sft, "sample_batch", real)
+    train_sft(part, _cfg(steps=30), resume=True, progress=False)
+    a = torch.load(full / "train_state.pt", weights_only=False)["history"]
+    b = torch.load(part / "train_state.pt", weights_only=False)["history"]
+    assert len(b) == 30 and b == pytest.approx(a, rel=1e-3)
+
+
+def test_existing_out_and_bad_resume(tmp_path):
+    out = tmp_path / "p"
+    train_sft(out, _cfg(steps=2, save_every=2), progress=False)
+    with pytest.raises(BebopError, match="--resume"):
+        train_sft(out, _cfg(steps=2), progress=False)
+    with pytest.raises(BebopError, match="lr"):
+        train_sft(out, _cfg(steps=2, lr=1.0), resume=True, progress=False)
+    with pytest.raises(BebopError, match="unknown task"):
+        train_sft(tmp_path / "q", _cfg(task="poetry"), progress=False)
