@@ -114,3 +114,32 @@ def test_data_from_another_tokenizer(headed_model, tmp_path):
     path.write_text(path.read_text().replace('"tokenizer": "', '"tokenizer": "x'))
     with pytest.raises(BebopError, match="another tokenizer"):
         train_mtp(headed_model, _cfg(steps=1), out=tmp_path / "b", progress=False, data_cache=cache)
+
+
+def test_mtp_eval_cli_prints_one_row_per_point(headed_model, capsys):
+    from bebop.cli import main
+
+    assert main(["mtp", "eval", "--model", str(headed_model), "--k", "2", "--temperatures", "0.5,1.0",
+                 "--mode", "both", "--n", "3", "--max-new-tokens", "12"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(r["mode"], r["temperature"]) for r in rows] == [("rs", 0.5), ("rs", 1.0), ("to", 0.5), ("to", 1.0)]
+    for r in rows:
+        assert {"acceptance_rate", "mean_acceptance_length", "acceptance_rate_per_position", "mean_entropy"} <= set(r)
+        assert len(r["acceptance_rate_per_position"]) == 2
+
+
+def test_loss_study_writes_a_table_from_its_runs(headed_model, tmp_path):
+    from bebop.study.loss_table import run_loss_study
+
+    rows = run_loss_study(headed_model, tmp_path / "study", task="math", losses=["ce", "e2e_tv"], steps=3, depths=2,
+                          k=2, n_eval=3, num_samples=8, progress=False)
+    table = (tmp_path / "study" / "loss_table.md").read_text()
+    saved = json.loads((tmp_path / "study" / "loss_table.json").read_text())
+    assert [r["loss"] for r in saved["rows"]] == ["ce", "e2e_tv"] == [r["loss"] for r in rows]
+    for r in rows:
+        assert f"| {r['loss']} | {100 * r['rs_acceptance_rate']:.1f}% |" in table
+    # both heads started from the same initialisation and data: their step-1 metrics agree on chains
+    first = [json.loads((tmp_path / "study" / "heads" / loss / "mtp_metrics.jsonl").read_text().splitlines()[0])
+             for loss in ("ce", "e2e_tv")]
+    assert first[0]["num_chains"] == first[1]["num_chains"]
+    assert first[0]["acceptance_per_depth"] == first[1]["acceptance_per_depth"]

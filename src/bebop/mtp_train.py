@@ -34,6 +34,7 @@ from bebop.tasks import get_task
 from bebop.train_state import config_diff, load_train_state, rng_state, save_train_state, set_rng_state
 
 STATE_FILE = "mtp_train_state.pt"
+LOSS_CHUNK_FLOATS = 1 << 22  # loss temporaries per chunk: ~16 MB of float32 (5 chains at K=5, V=151k)
 METRICS_FILE = "mtp_metrics.jsonl"
 
 
@@ -99,7 +100,7 @@ def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig):
     v = draft_logits.shape[-1]
     inputs = DraftLossInputs(draft_logits.reshape(-1, cfg.depths, v), targets.reshape(-1, cfg.depths, v),
                              batch.keep.reshape(-1))
-    return draft_loss(cfg.loss, inputs)
+    return draft_loss(cfg.loss, inputs, chunk_size=max(1, LOSS_CHUNK_FLOATS // (cfg.depths * v)))
 
 
 def freeze_trunk(policy: Policy) -> list[torch.nn.Parameter]:

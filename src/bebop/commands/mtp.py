@@ -26,7 +26,39 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     init.set_defaults(func=run_init)
     _add_train(mtp_sub)
     _add_eval(mtp_sub)
+    _add_study(mtp_sub)
     return mtp_sub
+
+
+def _add_study(mtp_sub) -> None:
+    p = mtp_sub.add_parser("study", help="train heads with each loss from the same data and compare acceptance")
+    p.add_argument("--model", required=True, help="the policy (its head, if any, is ignored)")
+    p.add_argument("--task", default="math")
+    p.add_argument("--out", required=True)
+    p.add_argument("--losses", default="ce,kl,rkl,tv,e2e_tv")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--depths", type=int, default=5)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--n", type=int, default=64, help="test prompts for evaluation")
+    p.add_argument("--num-samples", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_study)
+
+
+def run_study(args: argparse.Namespace) -> None:
+    from bebop.losses import DRAFT_LOSSES
+    from bebop.study.loss_table import run_loss_study
+
+    losses = [x.strip() for x in args.losses.split(",") if x.strip()]
+    unknown = [x for x in losses if x not in DRAFT_LOSSES]
+    if unknown or not losses:
+        raise BebopError(f"unknown loss(es) {unknown}; choose from {', '.join(DRAFT_LOSSES)}")
+    rows = run_loss_study(args.model, args.out, task=args.task, losses=losses, steps=args.steps, depths=args.depths,
+                          k=args.k, temperature=args.temperature, n_eval=args.n, num_samples=args.num_samples,
+                          seed=args.seed)
+    for row in rows:
+        print(json.dumps(row))
 
 
 def _add_train(mtp_sub) -> None:
