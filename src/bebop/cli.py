@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     sft_cmd.add_parser(sub)
     mtp_cmd.add_parser(sub)
     eval_cmd.add_parser(sub, add_device_args)
+    from bebop.commands import rl as rl_cmd
+    rl_cmd.add_parser(sub)
     _register_optional(sub)
     return parser
 

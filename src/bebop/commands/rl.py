@@ -1,0 +1,51 @@
+"""`bebop rl`: GRPO with rollouts from the (speculative) engine, sync or async, with online MTP."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bebop.rl.config import MODES, MTP_UPDATES, SPEC_CHOICES, RLConfig
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    d = RLConfig()
+    p = sub.add_parser("rl", help="GRPO post-training with speculative rollouts (sync or async)")
+    p.add_argument("--model", required=True, help="starting policy directory (with an MTP head for --spec)")
+    p.add_argument("--task", required=True, help="math, code, agent or mix")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--out", required=True, help="run directory: config.json, metrics.jsonl, checkpoints, model/")
+    p.add_argument("--mode", choices=MODES, default=d.mode)
+    p.add_argument("--spec", choices=SPEC_CHOICES, default=d.spec, help="rollouts: plain, target-only or rejection sampling")
+    p.add_argument("--k", type=int, default=d.k, help="drafts per step")
+    p.add_argument("--mtp-update", choices=MTP_UPDATES, default=d.mtp_update, help="online MTP strategy")
+    p.add_argument("--group-size", type=int, default=d.group_size, help="G: samples per prompt (>= 2)")
+    p.add_argument("--batch-prompts", type=int, default=d.batch_prompts, help="prompts per step")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--mtp-lr", type=float, default=d.mtp_lr)
+    p.add_argument("--kl-coef", type=float, default=d.kl_coef, help="k3 KL to the starting policy (0 = off)")
+    p.add_argument("--clip-eps", type=float, default=d.clip_eps)
+    p.add_argument("--max-staleness", type=int, default=d.max_staleness, help="async: drop older rollouts")
+    p.add_argument("--difficulty", type=int, default=d.difficulty)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--tensorboard", action="store_true", help="also log to OUT/tb (needs tensorboard)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from bebop.rl.loop import train_rl
+
+    cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=args.mode, spec=args.spec, k=args.k,
+                   mtp_update=args.mtp_update, group_size=args.group_size, batch_prompts=args.batch_prompts,
+                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr, mtp_lr=args.mtp_lr,
+                   kl_coef=args.kl_coef, clip_eps=args.clip_eps, max_staleness=args.max_staleness,
+                   difficulty=args.difficulty, seed=args.seed, save_every=args.save_every)
+    summary = train_rl(args.out, cfg, resume=args.resume, progress=not args.no_progress,
+                       tensorboard=args.tensorboard, device=args.device)
+    print(json.dumps(summary))

@@ -1,0 +1,117 @@
+"""Async rollouts: a worker thread samples with its own engine copy while the trainer trains.
+
+    source = AsyncSource(sampler, model, start_index=0, policy_version=0, max_staleness=1)
+    fetched = source.next_batch(trainer_version)   # blocks until a fresh-enough batch is ready
+    source.publish(model, version)                 # snapshot trunk AND head for the worker
+    source.close()
+
+The worker owns a deep copy of the policy (the rollout engine model). Before each batch it loads
+the newest published snapshot with `sync_weights` (the full state dict, `mtp.*` included; strict,
+so a missing head tensor is an error, never a silently stale draft) and stamps every rollout with
+that snapshot's policy version. The queue is bounded: the worker claims a slot before it
+generates, with max(1, max_staleness) slots, so it runs at most that many batches ahead. The
+trainer drops a batch whose staleness (trainer version - batch version) exceeds max_staleness and
+counts it. torch releases the GIL inside ops, so generation and training overlap on one machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+
+import torch
+
+from bebop.errors import BebopError
+from bebop.rl.records import RolloutBatch
+from bebop.rl.sampler import RolloutSampler
+from bebop.rl.source import Fetched
+
+POLL_S = 0.05
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of the full state dict (trunk and mtp.*)."""
+    return {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+
+def sync_weights(engine: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load every tensor of `state` into the engine model; both must hold the same names (head included)."""
+    engine_has_head = any(k.startswith("mtp.") for k in engine.state_dict())
+    if engine_has_head and not any(k.startswith("mtp.") for k in state):
+        raise BebopError("weight sync carries no mtp.* tensors but the rollout engine drafts with a head")
+    engine.load_state_dict(state, strict=True)
+
+
+def is_fresh(batch_version: int, trainer_version: int, max_staleness: int) -> bool:
+    return trainer_version - batch_version <= max_staleness
+
+
+class AsyncSource:
+    def __init__(self, sampler: RolloutSampler, model: torch.nn.Module, *, start_index: int, policy_version: int = 0,
+                 max_staleness: int = 1) -> None:
+        self.sampler, self.max_staleness, self.next_index = sampler, max_staleness, start_index
+        self.engine = copy.deepcopy(model).eval().requires_grad_(False)
+        self.engine_version = policy_version
+        self.latest: tuple[int, dict[str, torch.Tensor]] | None = None
+        self.lock = threading.Lock()
+        self.queue: queue.Queue = queue.Queue()
+        self.slots = threading.Semaphore(max(1, max_staleness))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._work, args=(start_index,), name="bebop-rollout", daemon=True)
+        self.thread.start()
+
+    # worker side
+    def _work(self, index: int) -> None:
+        while not self.stop.is_set():
+            if not self.slots.acquire(timeout=POLL_S):
+                continue
+            if self.stop.is_set():
+                return
+            try:
+                self._load_latest()
+                batch = self.sampler.collect(self.engine, index=index, policy_version=self.engine_version)
+            except BaseException as exc:  # handed to the trainer, raised there
+                self.queue.put(exc)
+                return
+            self.queue.put(batch)
+            index += 1
+
+    def _load_latest(self) -> None:
+        with self.lock:
+            latest, self.latest = self.latest, None
+        if latest is not None:
+            self.engine_version, state = latest
+            sync_weights(self.engine, state)
+
+    # trainer side
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        state = snapshot(model)
+        with self.lock:
+            self.latest = (version, state)
+
+    def next_batch(self, trainer_version: int) -> Fetched:
+        t0, dropped = time.perf_counter(), 0
+        while True:
+            item = self._get()
+            self.slots.release()
+            if isinstance(item, BaseException):
+                raise item
+            if is_fresh(item.policy_version, trainer_version, self.max_staleness):
+                self.next_index = item.index + 1
+                return Fetched(item, dropped, time.perf_counter() - t0)
+            dropped += 1
+
+    def _get(self) -> RolloutBatch | BaseException:
+        while True:
+            try:
+                return self.queue.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.thread.is_alive() and self.queue.empty():
+                    raise BebopError("the rollout worker stopped without a batch") from None
+
+    def close(self) -> None:
+        self.stop.set()
+        self.slots.release()
+        self.thread.join()

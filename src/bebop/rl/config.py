@@ -1,0 +1,68 @@
+"""The resolved configuration of one RL run (written to RUN_DIR/config.json, checked on resume)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bebop.engine.speculative import check_spec
+from bebop.errors import BebopError
+from bebop.tasks import get_task
+
+MODES = ("sync", "async")
+SPEC_CHOICES = ("off", "to", "rs")
+MTP_UPDATES = ("none", "ce", "tv", "e2e_tv")  # "none" keeps the pre-RL head frozen; others name a draft loss
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    model: str = ""  # the starting policy directory (also the KL reference)
+    task: str = "math"
+    steps: int = 50
+    mode: str = "sync"
+    spec: str = "off"
+    k: int = 3
+    mtp_update: str = "none"
+    group_size: int = 4
+    batch_prompts: int = 8
+    max_new_tokens: int = 160
+    temperature: float = 1.0
+    lr: float = 3e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0  # 0 = off: no reference copy is kept
+    is_cap: float = 2.0  # truncation of the importance weights
+    max_staleness: int = 1  # async: rollouts more than this many versions old are dropped
+    mtp_lr: float = 1e-4
+    mtp_grad_clip: float = 1.0
+    seed: int = 0
+    difficulty: int = 1
+    save_every: int = 10
+    batch_size: int = 64  # engine rows per generate call
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise BebopError(f"unknown --mode {self.mode!r}; choose from {', '.join(MODES)}")
+        if self.spec not in SPEC_CHOICES:
+            raise BebopError(f"unknown --spec {self.spec!r}; choose from {', '.join(SPEC_CHOICES)}")
+        if self.spec != "off":
+            check_spec(self.spec, self.k)
+        if self.mtp_update not in MTP_UPDATES:
+            raise BebopError(f"unknown --mtp-update {self.mtp_update!r}; choose from {', '.join(MTP_UPDATES)}")
+        if self.group_size < 2:
+            raise BebopError(f"--group-size must be >= 2 (GRPO normalises rewards within a group), got {self.group_size}")
+        for name in ("steps", "batch_prompts", "max_new_tokens", "save_every", "batch_size"):
+            if getattr(self, name) < 1:
+                raise BebopError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise BebopError(f"--temperature must be > 0 for RL (log-probs of a greedy sampler are degenerate), "
+                             f"got {self.temperature}")
+        if not (self.lr > 0 and self.mtp_lr > 0 and 0 < self.clip_eps < 1 and self.is_cap >= 1 and self.kl_coef >= 0):
+            raise BebopError("need --lr > 0, --mtp-lr > 0, 0 < --clip-eps < 1, is_cap >= 1 and --kl-coef >= 0")
+        if self.max_staleness < 0:
+            raise BebopError(f"--max-staleness must be >= 0, got {self.max_staleness}")
+        get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError
+
+    @property
+    def needs_head(self) -> bool:
+        return self.spec != "off" or self.mtp_update != "none"

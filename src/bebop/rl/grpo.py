@@ -1,0 +1,113 @@
+"""GRPO math as pure functions (method.md section 6).
+
+Glossary (one PPO/GRPO update on a batch of rollouts):
+    sampler log-probs   what the engine reported for each emitted token: log of the
+                        temperature-warped target distribution of the weights that sampled it
+                        (possibly `staleness` versions old in async mode)
+    old log-probs       the trainer's log-probs of the same tokens before this update (detached),
+                        recomputed at the sampler's temperature: log_softmax(logits / T)
+    log-probs           the trainer's log-probs, with gradient
+    ratio               exp(log-probs - old log-probs): the PPO ratio, clipped to [1-eps, 1+eps]
+    IS weight           min(exp(old - sampler), cap): truncated importance weight correcting for
+                        the sampler/trainer mismatch (stale weights, numerics); no gradient
+    advantage           (r - mean_group) / (std_group + eps), population std (ddof 0)
+    k3 KL               exp(ref - lp) - (ref - lp) - 1 >= 0, an unbiased KL(pi || ref) estimate
+
+Token-level aggregation (DAPO): the loss is the mean over every policy token of the batch, so
+long completions are not down-weighted; environment tokens (policy_mask False), prompt and
+padding are masked out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from bebop.errors import BebopError
+
+ADV_EPS = 1e-6
+
+
+def group_advantages(rewards: Tensor, eps: float = ADV_EPS) -> Tensor:
+    """rewards (N, G) -> advantages (N, G): per group, (r - mean) / (population std + eps).
+
+    A group whose rewards are all equal gets zero advantage (no signal, no noise)."""
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise BebopError(f"GRPO needs rewards shaped (prompts, G) with G >= 2, got {tuple(rewards.shape)}")
+    rewards = rewards.float()
+    mean = rewards.mean(dim=1, keepdim=True)  # (N, 1)
+    std = rewards.std(dim=1, unbiased=False, keepdim=True)  # (N, 1)
+    return (rewards - mean) / (std + eps)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """logits (B, T, V), tokens (B, T) -> (log-probs (B, T), entropy (B, T)) of the distribution
+    softmax(logits / temperature): the one the engine sampled from (no top-k / top-p)."""
+    if not temperature > 0:
+        raise BebopError(f"RL needs a sampling temperature > 0, got {temperature}")
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
+    picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)  # (B, T)
+    return picked, entropy
+
+
+def truncated_is_weights(trainer_logprobs: Tensor, sampler_logprobs: Tensor, cap: float) -> Tensor:
+    """(B, T), (B, T) -> min(pi_trainer / pi_sampler, cap) (B, T), detached."""
+    ratio = torch.exp((trainer_logprobs.detach() - sampler_logprobs).clamp(max=30.0))
+    return ratio.clamp(max=cap)
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """(B, T), (B, T) -> per-token k3 estimate of KL(pi || ref) (B, T), >= 0."""
+    delta = ref_logprobs - logprobs
+    return torch.exp(delta) - delta - 1.0
+
+
+@dataclass
+class GRPOLossInputs:
+    logprobs: Tensor  # (B, T) trainer, with gradient
+    old_logprobs: Tensor  # (B, T) trainer before the update, detached
+    sampler_logprobs: Tensor  # (B, T) carried by the rollouts
+    advantages: Tensor  # (B,) one per rollout
+    mask: Tensor  # (B, T) bool: policy tokens
+    ref_logprobs: Tensor | None = None  # (B, T) reference policy, when KL is on
+
+
+@dataclass
+class GRPOLossOutput:
+    loss: Tensor  # scalar, with gradient
+    pg_loss: float
+    kl: float  # mean k3 KL over policy tokens (0.0 when off)
+    clip_frac: float  # share of policy tokens whose ratio was clipped
+    is_weight_mean: float
+    is_truncated_frac: float  # share of policy tokens whose IS weight hit the cap
+    num_tokens: int
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    return (x * mask).sum() / mask.sum().clamp_min(1)
+
+
+def grpo_loss(inputs: GRPOLossInputs, *, clip_eps: float, kl_coef: float = 0.0, is_cap: float = 2.0) -> GRPOLossOutput:
+    """Token-level PPO-clipped surrogate, weighted by truncated IS weights, plus kl_coef * k3 KL."""
+    lp, mask = inputs.logprobs, inputs.mask.to(inputs.logprobs.dtype)  # (B, T)
+    if lp.shape != inputs.old_logprobs.shape or lp.shape != inputs.sampler_logprobs.shape or lp.shape != mask.shape:
+        raise BebopError("grpo_loss: logprobs, old_logprobs, sampler_logprobs and mask must share one (B, T) shape")
+    adv = inputs.advantages.unsqueeze(1)  # (B, 1)
+    ratio = torch.exp(lp - inputs.old_logprobs)  # (B, T)
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    weight = truncated_is_weights(inputs.old_logprobs, inputs.sampler_logprobs, is_cap)  # (B, T)
+    surrogate = -torch.minimum(ratio * adv, clipped * adv) * weight  # (B, T)
+    pg = masked_mean(surrogate, mask)
+    loss, kl = pg, torch.zeros(())
+    if inputs.ref_logprobs is not None and kl_coef:
+        kl = masked_mean(k3_kl(lp, inputs.ref_logprobs), mask)
+        loss = pg + kl_coef * kl
+    with torch.no_grad():
+        was_clipped = ((ratio - clipped).abs() > 0).float()
+        return GRPOLossOutput(loss, pg.item(), kl.item(), masked_mean(was_clipped, mask).item(),
+                              masked_mean(weight, mask).item(), masked_mean((weight >= is_cap).float(), mask).item(),
+                              int(mask.sum().item()))

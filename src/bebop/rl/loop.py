@@ -1,0 +1,159 @@
+"""The RL run: setup or resume, then one step at a time (fetch batch, update, sync, log, save).
+
+    summary = train_rl("runs/rl-math", RLConfig(model="runs/policy-math", task="math", steps=50))
+
+RUN_DIR holds config.json (the resolved RLConfig), metrics.jsonl (one object per step),
+ckpt-<step>/ + LATEST (the resumable checkpoint: model dir with the head, optimizer states,
+random states, data position, step, policy version) and, when finished, model/ (the final
+policy with its head). `resume=True` continues from LATEST; a different config is an error that
+names the fields.
+
+Sync and async differ only in the rollout source (SOURCES[cfg.mode]): the step itself is the
+same, and every batch carries the policy version that sampled it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bebop.errors import BebopError
+from bebop.fileio import atomic_write_json
+from bebop.model.checkpoint import load_model
+from bebop.policy import Policy, load_policy
+from bebop.rl.async_loop import AsyncSource
+from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
+from bebop.rl.config import RLConfig
+from bebop.rl.metrics import MetricsWriter, StepMetrics
+from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
+from bebop.rl.sampler import RolloutSampler
+from bebop.rl.source import Fetched, SyncSource
+from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
+from bebop.tasks import get_task
+from bebop.train_state import config_diff, rng_state, set_rng_state
+
+CONFIG_FILE = "config.json"
+FINAL_MODEL = "model"
+SOURCES = {"sync": SyncSource, "async": AsyncSource}
+
+
+def _prepare(out: Path, cfg: RLConfig, resume: bool) -> Checkpoint | None:
+    """Check the run directory against the request; the checkpoint to resume, if any."""
+    saved_cfg = out / CONFIG_FILE
+    if not resume:
+        if saved_cfg.exists():
+            raise BebopError(f"{out} already holds an RL run; pass --resume to continue it or choose another --out")
+        return None
+    if not saved_cfg.exists():
+        raise BebopError(f"nothing to resume: no {CONFIG_FILE} in {out}")
+    diff = config_diff(json.loads(saved_cfg.read_text()), asdict(cfg))
+    if diff:
+        raise BebopError(f"cannot resume {out}: config differs in {', '.join(diff)}")
+    return load_checkpoint(out)
+
+
+def _require_head(policy: Policy, cfg: RLConfig) -> None:
+    if cfg.needs_head and policy.model.mtp is None:
+        raise BebopError(f"--spec {cfg.spec} / --mtp-update {cfg.mtp_update} needs an MTP head, and the model in "
+                         f"{cfg.model} has none; add one with `bebop mtp init --model {cfg.model}` and train it with "
+                         f"`bebop mtp train --model {cfg.model}` (or use --spec off --mtp-update none)")
+
+
+def _restore(ckpt: Checkpoint | None, trainer: PolicyTrainer, online: OnlineMTP | None) -> tuple[int, int]:
+    """Load optimizer and random states; -> (start step, data position)."""
+    if ckpt is None:
+        return 0, 0
+    state = ckpt.state
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    if online is not None:
+        online.optimizer.load_state_dict(state["mtp_optimizer"])
+    set_rng_state(state["rng"])
+    return state["step"], state["data_index"]
+
+
+def _checkpoint_state(cfg: RLConfig, step: int, data_index: int, trainer: PolicyTrainer,
+                      online: OnlineMTP | None) -> dict:
+    return {"config": asdict(cfg), "step": step, "policy_version": trainer.policy_version, "data_index": data_index,
+            "optimizer": trainer.optimizer.state_dict(),
+            "mtp_optimizer": online.optimizer.state_dict() if online is not None else None, "rng": rng_state()}
+
+
+def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version: int, mtp, train_s: float,
+                 step_s: float) -> StepMetrics:
+    """The metrics record of one step (trainer_version: the version the batch was trained at)."""
+    b = fetched.batch
+    rewards = b.rewards
+    spec = b.spec
+    return StepMetrics(
+        step=step, policy_version=b.policy_version, staleness=trainer_version - b.policy_version,
+        dropped=fetched.dropped, reward=sum(rewards) / len(rewards), pass_rate=b.pass_rate, entropy=b.entropy,
+        train_entropy=stats.train_entropy,
+        mean_acceptance_length=spec.mean_acceptance_length if spec else 1.0,
+        acceptance_rate=spec.acceptance_rate if spec else None,
+        acceptance_rate_per_position=spec.acceptance_rate_per_position if spec else [],
+        rollout_s=b.rollout_s, wait_s=fetched.wait_s, train_s=train_s, step_s=step_s,
+        generated_tokens=b.generated_tokens, tokens_per_s=b.generated_tokens / max(b.rollout_s, 1e-9),
+        loss=stats.loss.loss.item(), kl=stats.loss.kl, clip_frac=stats.loss.clip_frac,
+        is_weight_mean=stats.loss.is_weight_mean, grad_norm=stats.grad_norm,
+        mtp_loss=mtp.loss if mtp is not None else None,
+        mtp_acceptance_per_depth=mtp.acceptance_per_depth if mtp is not None else [])
+
+
+def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: bool = True,
+             tensorboard: bool = False, device: str = "auto") -> dict:
+    """Run (or resume) GRPO in `out`; return a summary of the last steps."""
+    cfg.validate()
+    out = Path(out)
+    ckpt = _prepare(out, cfg, resume)
+    policy = load_policy(ckpt.model_dir if ckpt else cfg.model, device=device)
+    _require_head(policy, cfg)
+    sampler = RolloutSampler(get_task(cfg.task, cfg.difficulty), policy.codec, cfg)
+    sampler.check_expressible(policy)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / CONFIG_FILE, asdict(cfg))
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    reference = frozen_reference(load_model(cfg.model, device=policy.model.device)) if cfg.kl_coef > 0 else None
+    trainer = PolicyTrainer(policy, cfg, reference=reference,
+                            policy_version=ckpt.state["policy_version"] if ckpt else 0)
+    online = make_online_mtp(policy, cfg)
+    start, data_index = _restore(ckpt, trainer, online)
+    source = SOURCES[cfg.mode](sampler, policy.model, start_index=data_index, policy_version=trainer.policy_version,
+                               max_staleness=cfg.max_staleness)
+    writer = MetricsWriter(out, resume_step=start, tensorboard=tensorboard)
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"rl {cfg.task} {cfg.mode}",
+               disable=not progress, file=sys.stderr)
+    history: list[StepMetrics] = []
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            fetched = source.next_batch(trainer.policy_version)
+            trained_at = trainer.policy_version
+            t1 = time.perf_counter()
+            stats = trainer.step(fetched.batch)
+            mtp = online.update(fetched.batch.rollouts) if online is not None else None
+            source.publish(policy.model, trainer.policy_version)
+            t2 = time.perf_counter()
+            m = step_metrics(step + 1, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0)
+            writer.write(m)
+            history.append(m)
+            bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                save_checkpoint(out, step + 1, policy.model, cfg.model,
+                                _checkpoint_state(cfg, step + 1, source.next_index, trainer, online))
+    finally:
+        source.close()
+        writer.close()
+    write_model_dir(policy.model, Path(cfg.model), out / FINAL_MODEL)
+    tail = history[-5:]
+    return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),
+            "policy_version": trainer.policy_version,
+            "reward_last": sum(m.reward for m in tail) / len(tail) if tail else None,
+            "mean_acceptance_length_last": sum(m.mean_acceptance_length for m in tail) / len(tail) if tail else None}

@@ -1,0 +1,43 @@
+"""Typed records between the RL stages: one `Rollout` per sample, one `RolloutBatch` per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bebop.engine.metrics import SpecMetrics
+
+
+@dataclass
+class Rollout:
+    prompt_ids: list[int]
+    token_ids: list[int]  # every new token: stop token and environment observations included
+    sampler_logprobs: list[float]  # per token: the sampler's log-prob at its temperature (0.0 for env tokens)
+    policy_mask: list[bool]  # per token: False where the environment wrote it (never trained on)
+    reward: float
+    policy_version: int  # the weights that sampled it
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(self.policy_mask)
+
+
+@dataclass
+class RolloutBatch:
+    """batch_prompts groups of group_size rollouts, group-major: rows g*G .. g*G+G-1 share a prompt."""
+
+    rollouts: list[Rollout]
+    group_size: int
+    policy_version: int
+    index: int  # data position: which batch of the run's prompt stream
+    rollout_s: float  # seconds the engine spent on it
+    spec: SpecMetrics | None  # acceptance metrics when drafting, else None
+    pass_rate: float
+    entropy: float  # mean sampler entropy over policy tokens (nats)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.reward for r in self.rollouts]
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(r.num_policy_tokens for r in self.rollouts)

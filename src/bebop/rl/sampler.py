@@ -1,0 +1,66 @@
+"""Problems -> RolloutBatch with the engine: plain decoding or speculative (TO / RS) with the head.
+
+    sampler = RolloutSampler(task, codec, cfg)
+    batch = sampler.collect(model, index=step, policy_version=v)   # batch_prompts * G rollouts
+
+The prompt stream is a pure function of (seed, index): batch `index` holds `batch_prompts` train
+problems drawn with seed (seed, index), each repeated G times, and is sampled with a generator
+seeded the same way; resuming at a data position regenerates exactly the batches not yet trained.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from bebop.engine import generate
+from bebop.engine.metrics import SpecMetrics
+from bebop.mtp_eval import merged, speculative_rollout_fn
+from bebop.policy import Policy
+from bebop.rl.config import RLConfig
+from bebop.rl.records import Rollout, RolloutBatch
+from bebop.rollout import encode_prompts, run_episodes, summarize
+from bebop.sampling import SamplingParams
+from bebop.tasks import Problem, Task
+from bebop.tokenizer import TextCodec
+
+STREAM_STRIDE = 1_000_003  # seeds of batch i: seed * STREAM_STRIDE + i (distinct across seeds and batches)
+
+
+class RolloutSampler:
+    def __init__(self, task: Task, codec: TextCodec, cfg: RLConfig) -> None:
+        self.task, self.codec, self.cfg = task, codec, cfg
+
+    def batch_seed(self, index: int) -> int:
+        return self.cfg.seed * STREAM_STRIDE + index
+
+    def problems(self, index: int) -> list[Problem]:
+        """The batch's problems, each repeated group_size times (group-major)."""
+        drawn = self.task.problems("train", self.cfg.batch_prompts, self.batch_seed(index))
+        return [p for p in drawn for _ in range(self.cfg.group_size)]
+
+    def check_expressible(self, policy: Policy) -> None:
+        """Fail early, on the caller's thread, when the tokenizer cannot express the task's prompts."""
+        encode_prompts(policy, self.problems(0))
+
+    def collect(self, model, *, index: int, policy_version: int) -> RolloutBatch:
+        cfg = self.cfg
+        policy = Policy(model, self.codec)
+        problems = self.problems(index)
+        sink: list[SpecMetrics] = []
+        generate_fn = generate if cfg.spec == "off" else speculative_rollout_fn(cfg.k, cfg.spec, sink)
+        generator = torch.Generator(device=model.device).manual_seed(self.batch_seed(index))
+        was_training = model.training
+        model.eval()
+        t0 = time.perf_counter()
+        episodes = run_episodes(policy, self.task, problems, sampling=SamplingParams(cfg.temperature),
+                                max_new_tokens=cfg.max_new_tokens, generator=generator, batch_size=cfg.batch_size,
+                                generate_fn=generate_fn)
+        rollout_s = time.perf_counter() - t0
+        model.train(was_training)
+        rollouts = [Rollout(ep.generation.prompt_ids, ep.generation.token_ids, ep.generation.logprobs,
+                            ep.generation.policy_mask, ep.reward, policy_version) for ep in episodes]
+        summary = summarize(episodes)
+        return RolloutBatch(rollouts, cfg.group_size, policy_version, index, rollout_s,
+                            merged(sink, cfg.k) if sink else None, summary["pass_rate"], summary["mean_entropy"])
