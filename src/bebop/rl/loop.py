@@ -31,7 +31,7 @@ from bebop.policy import Policy, load_policy
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
 from bebop.rl.config import RLConfig
-from bebop.rl.metrics import MetricsWriter, StepMetrics
+from bebop.rl.metrics import MetricsWriter, StepMetrics, require_tensorboard
 from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
 from bebop.rl.sampler import RolloutSampler
 from bebop.rl.source import Fetched, SyncSource
@@ -110,6 +110,8 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
              tensorboard: bool = False, device: str = "auto") -> dict:
     """Run (or resume) GRPO in `out`; return a summary of the last steps."""
     cfg.validate()
+    if tensorboard:
+        require_tensorboard()
     out = Path(out)
     ckpt = _prepare(out, cfg, resume)
     policy = load_policy(ckpt.model_dir if ckpt else cfg.model, device=device)

@@ -94,9 +94,14 @@ class MetricsWriter:
             self.board.close()
 
 
-def open_tensorboard(log_dir: Path):
+def require_tensorboard():
+    """torch's SummaryWriter class, imported lazily; a clear error when tensorboard is missing."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise BebopError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
-    return SummaryWriter(str(log_dir))
+    return SummaryWriter
+
+
+def open_tensorboard(log_dir: Path):
+    return require_tensorboard()(str(log_dir))
