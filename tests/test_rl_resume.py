@@ -8,8 +8,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from bebop.model import load_model
 
 from test_rl_loop import make_headed
