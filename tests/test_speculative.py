@@ -214,3 +214,14 @@ def test_nan_logits_are_a_clear_error(spec_model):
         model.lm_head.weight[5, 0] = float("nan")
     with pytest.raises(BebopError, match="NaN"):
         spec.speculative_generate(model, _ids(["abc"]), k=2, mode="rs", max_new_tokens=3)
+
+
+def test_nan_in_the_head_alone_is_a_clear_error(spec_model):
+    import copy
+
+    model = copy.deepcopy(spec_model)
+    with torch.no_grad():
+        model.mtp.fc.weight[0, 0] = float("nan")
+    with pytest.raises(BebopError, match="NaN"):
+        spec.speculative_generate(model, _ids(["abc"]), k=2, mode="rs", max_new_tokens=6,
+                                  sampling=SamplingParams(1.0), generator=torch.Generator().manual_seed(0))

@@ -77,11 +77,13 @@ def run_episodes(policy: Policy, task: Task, problems: Sequence[Problem], *, sam
 
 
 def summarize(episodes: Sequence[Episode]) -> dict:
-    """pass_rate (reward == 1), mean_reward, mean_entropy over the policy's tokens, n."""
+    """pass_rate (reward == 1), mean_reward, mean_entropy over the policy's tokens (nats), the
+    share of policy tokens sampled from a distribution with entropy > 0.5 nats (choice points), n."""
     n = len(episodes)
     ent = [e for ep in episodes for e, m in zip(ep.generation.entropies, ep.generation.policy_mask) if m]
     return {"n": n,
             "pass_rate": sum(ep.reward >= 1.0 for ep in episodes) / max(n, 1),
             "mean_reward": sum(ep.reward for ep in episodes) / max(n, 1),
             "mean_entropy": sum(ent) / max(len(ent), 1),
+            "choice_point_fraction": sum(e > 0.5 for e in ent) / max(len(ent), 1),
             "mean_completion_tokens": sum(len(ep.generation.token_ids) for ep in episodes) / max(n, 1)}

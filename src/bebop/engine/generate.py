@@ -23,7 +23,7 @@ from bebop.engine.records import Generation
 from bebop.engine.rows import Observer, RowBook
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
-from bebop.sampling import SamplingParams, check_finite, entropy, sample, token_logprob, warp_probs
+from bebop.sampling import SamplingParams, entropy, sample, to_host, token_logprob, warp_probs
 
 
 def pad_chunk(pending: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,16 +70,16 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
         hidden = model(ids, cache, counts)  # (B, T, H)
         last = (counts - 1).clamp_min(0)  # (B,)
         logits = model.logits(hidden[torch.arange(len(prompts)), last])  # (B, V)
-        check_finite(logits)
         probs = warp_probs(logits, sampling)  # (B, V)
         tokens = sample(probs, generator, greedy=sampling.greedy)  # (B,)
         logprobs = token_logprob(probs, tokens)  # (B,)
         entropies = entropy(probs)  # (B,)
         fed = [len(p) for p in book.pending]
-        step = torch.stack([tokens.double(), logprobs.double(), entropies.double()]).tolist()  # host sync
+        host = to_host([tokens, logprobs, entropies], logits)  # the step's one host sync
         for b in range(len(prompts)):
             lengths[b] += fed[b]
             if fed[b]:
-                book.emit(b, [int(step[0][b])], [step[1][b]], [step[2][b]])
+                tok, lp, ent = host[b]
+                book.emit(b, [int(tok)], [lp], [ent])
         cache.span = max(lengths)
     return book.rows

@@ -32,7 +32,7 @@ from bebop.engine.records import Generation
 from bebop.engine.rows import Observer, RowBook
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
-from bebop.sampling import (SamplingParams, check_finite, entropy, rejection_sample, sample, target_only_sample,
+from bebop.sampling import (SamplingParams, entropy, rejection_sample, sample, target_only_sample, to_host,
                             warp_probs)
 
 SPEC_MODES = ("to", "rs")
@@ -112,7 +112,6 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
         last = (counts - 1).clamp_min(0)  # (B,)
         positions = torch.where(is_draft[:, None], offsets, last[:, None])  # (B, K+1)
         logits = model.logits(hidden[rows[:, None], positions])  # (B, K+1, V)
-        check_finite(logits)
         target_probs = warp_probs(logits, sampling)  # (B, K+1, V)
         plain = sample(target_probs[:, 0], generator, greedy=sampling.greedy)  # (B,)
         if any(drafting):
@@ -125,7 +124,8 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
         safe = tokens.clamp_min(0)
         logprobs = torch.log(target_probs.gather(-1, safe[..., None])[..., 0])  # (B, K+1)
         ents = entropy(target_probs)  # (B, K+1)
-        host = torch.cat([tokens.double(), logprobs.double(), ents.double(), accepted[:, None].double()], 1).tolist()
+        checked = (logits, draft_probs) if any(ref_count) else (logits,)
+        host = to_host([tokens, logprobs, ents, accepted], *checked)  # the step's one host sync
         ref_hidden = hidden
         for b in range(batch):
             if not fed[b]:

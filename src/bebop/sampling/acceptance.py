@@ -48,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from bebop.errors import BebopError
+from bebop.sampling.warp import race
 
 __all__ = ["rejection_sample", "target_only_sample"]
 
@@ -194,7 +195,7 @@ def _finish(
     weights = torch.cat([recover, target_probs[:, k:].to(residual.dtype)], dim=1)  # (B, K+1, V)
 
     # Candidate recovered (d < K) / bonus (d = K) token at every position; keep one per row.
-    candidates = _race(weights, noise)  # (B, K+1) int64
+    candidates = race(weights, noise)  # (B, K+1) int64
     final = candidates.gather(1, num_accepted.unsqueeze(1))  # (B, 1)
 
     positions = torch.arange(k + 1, device=draft_tokens.device).unsqueeze(0)  # (1, K+1)
@@ -202,14 +203,3 @@ def _finish(
     n = num_accepted.unsqueeze(1)  # (B, 1)
     tokens = torch.where(positions < n, drafts_padded, torch.where(positions == n, final, -1))  # (B, K+1)
     return tokens, num_accepted
-
-
-def _race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """weights (..., V) >= 0 unnormalised, noise (..., V) Exp(1) -> argmax_v w_v / E_v (...) int64.
-
-    P(v) = w_v / sum(w). Zero-weight entries are masked to -1 so they can never win (not even
-    with E_v = 0, where 0 / 0 = NaN would otherwise be picked by argmax).
-    """
-    scores = weights / noise.to(weights.dtype)  # (..., V)
-    scores = scores.masked_fill(weights <= 0, -1.0)  # (..., V)
-    return scores.argmax(dim=-1)

@@ -41,21 +41,45 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def check_finite(logits: torch.Tensor, what: str = "logits") -> None:
+NONFINITE_MESSAGE = "logits contain NaN or inf (a diverged or corrupt model?)"
+
+
+def check_finite(logits: torch.Tensor) -> None:
     """Raise a clear error on NaN/inf logits (one host sync; call at public boundaries)."""
     if not torch.isfinite(logits).all():
-        raise BebopError(f"{what} contain NaN or inf (a diverged or corrupt model?)")
+        raise BebopError(NONFINITE_MESSAGE)
+
+
+def to_host(columns: list[torch.Tensor], *checked: torch.Tensor) -> list[list[float]]:
+    """The decoding loops' single device->host transfer per step: the per-row columns (B, *)
+    as float64 lists, with the finiteness of the `checked` tensors (B, ...) in the same transfer."""
+    batch = columns[0].shape[0]
+    finite = torch.stack([torch.isfinite(t).reshape(batch, -1).all(dim=1) for t in checked]).all(0)[:, None]  # (B, 1)
+    rows = torch.cat([c.reshape(batch, -1).double() for c in columns] + [finite.double()], dim=1).tolist()
+    if not all(row[-1] for row in rows):
+        raise BebopError(NONFINITE_MESSAGE)
+    return [row[:-1] for row in rows]
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None, *, greedy: bool = False) -> torch.Tensor:
-    """probs (..., V) -> token ids (...) int64, one draw per row.
+    """probs (..., V) -> token ids (...) int64, one draw per row, by the exponential race
+    argmax_v p_v / E_v (E_v ~ Exp(1)), which needs no host sync and never picks p_v = 0.
 
     `greedy=True` (probs are one-hot, from temperature 0) takes the argmax: same result, no draw."""
     if greedy:
         return probs.argmax(dim=-1)
-    flat = probs.reshape(-1, probs.shape[-1])  # (N, V)
-    tokens = torch.multinomial(flat, 1, generator=generator)  # (N, 1)
-    return tokens.reshape(probs.shape[:-1])
+    noise = torch.empty_like(probs).exponential_(generator=generator)  # (..., V)
+    return race(probs, noise)
+
+
+def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """weights (..., V) >= 0 unnormalised, noise (..., V) Exp(1) -> argmax_v w_v / E_v (...) int64.
+
+    P(v) = w_v / sum(w). Zero-weight entries are masked to -1 so they can never win (not even
+    with E_v = 0, where 0 / 0 = NaN would otherwise be picked by argmax)."""
+    scores = weights / noise.to(weights.dtype)  # (..., V)
+    scores = scores.masked_fill(weights <= 0, -1.0)  # (..., V)
+    return scores.argmax(dim=-1)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
