@@ -60,9 +60,10 @@ def _run_init(args: argparse.Namespace) -> None:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the main job on the embedded default")
-    p.add_argument("--out", default="runs/demo", help="output directory (artifacts are reused)")
-    p.add_argument("--seed", type=int, default=0)
+    from bebop.commands.demo import add_arguments
+
+    p = sub.add_parser("demo", help="the method's study end to end on the embedded default (report.md + plots)")
+    add_arguments(p)
     p.set_defaults(func=_run_demo)
 
 
@@ -85,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     eval_cmd.add_parser(sub, add_device_args)
     from bebop.commands import rl as rl_cmd
     rl_cmd.add_parser(sub)
+    from bebop.commands import report as report_cmd
+    report_cmd.add_parser(sub)
     _register_optional(sub)
     return parser
 

@@ -1,49 +1,33 @@
-"""`bebop demo`: the main job on the embedded default.
+"""`bebop demo`: the method's study end to end on the embedded default (bebop.study.demo_pipeline).
 
-Today it (1) trains the small math policy from scratch, or reuses it when `OUT/policy` already
-holds a finished run, (2) reports its pass rate and mean next-token entropy at temperature 1 on
-held-out problems, and (3) shows a few sampled solutions. Later issues grow this into the full
-study (MTP heads, acceptance against entropy, RL speedup, report).
+    bebop demo [--out runs/demo] [--policy TRAINED_POLICY_DIR] [--miniature] [--seed S]
+
+Trains (or reuses) the small math policy, trains MTP heads with ce and e2e_tv, sweeps temperature
+for RS and TO acceptance, runs short sync/async GRPO with speculation off and on, and writes
+OUT/report.md with plots. Every stage is cached in OUT: a rerun (or a killed run) continues from
+the first unfinished stage. `bebop report OUT` rebuilds the report from the saved results.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
-
-import torch
-
-from bebop.policy import load_policy
-from bebop.rollout import run_episodes, summarize
-from bebop.sampling import SamplingParams
-from bebop.sft import SFTConfig, is_trained, train_sft
-from bebop.tasks import get_task
-
-DEMO_TASK = "math"
+from dataclasses import replace
 
 
-def ensure_policy(out: Path, seed: int, task: str = DEMO_TASK) -> Path:
-    """Train the demo policy unless a finished one is already there (resume a killed run)."""
-    model_dir = out / "policy"
-    if is_trained(model_dir):
-        print(f"reusing the trained policy in {model_dir}")
-        return model_dir
-    resume = (model_dir / "train_state.pt").is_file()
-    print(f"{'resuming' if resume else 'training'} the {task} policy in {model_dir} (about 10 minutes on 2 CPU cores)")
-    train_sft(model_dir, SFTConfig(task=task, seed=seed), resume=resume)
-    return model_dir
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/demo", help="output directory (finished stages are reused)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", default="", help="reuse this trained policy directory instead of training one")
+    p.add_argument("--miniature", action="store_true",
+                   help="a tiny model and a few steps per stage (about a minute; a smoke test, not a result)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (evaluation and RL)")
+    p.add_argument("--no-progress", action="store_true")
 
 
 def run_demo(args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    model_dir = ensure_policy(out, args.seed)
-    policy = load_policy(model_dir)
-    task = get_task(DEMO_TASK)
-    problems = task.problems("test", 200, args.seed)
-    episodes = run_episodes(policy, task, problems, sampling=SamplingParams(1.0), max_new_tokens=192,
-                            generator=torch.Generator().manual_seed(args.seed), batch_size=100)
-    summary = summarize(episodes)
-    print(json.dumps({"task": DEMO_TASK, "temperature": 1.0, **summary}))
-    for ep in episodes[:3]:
-        print(f"--- reward {ep.reward:.0f}\n{ep.problem.prompt}{ep.completion}")
+    from bebop.study.demo_pipeline import DemoConfig, run_demo_pipeline
+
+    cfg = DemoConfig.miniature() if args.miniature else DemoConfig()
+    cfg = replace(cfg, seed=args.seed, policy=args.policy)
+    report = run_demo_pipeline(args.out, cfg, progress=not args.no_progress, device=args.device)
+    print(report)

@@ -1,0 +1,260 @@
+"""The demo: the method's study, end to end on the embedded default, resumable stage by stage.
+
+    report = run_demo_pipeline("runs/demo", DemoConfig())          # `bebop demo --out runs/demo`
+    report = run_demo_pipeline(tmp, DemoConfig.miniature())        # the same pipeline in ~a minute
+
+Stages (each writes its results file atomically when complete and is skipped when it exists; see
+bebop.study.layout for the files):
+  1. policy  train the small policy by SFT (resumed from its train_state.pt), or reuse a trained one
+  2. heads   one MTP head per loss (ce, e2e_tv) from the same init, data, steps and seed
+             (the loss study's pieces; resumed from mtp_train_state.pt)
+  3. sweep   RS and TO acceptance of each head, and the mean target entropy, per temperature
+  4. rl      short GRPO runs, {sync, async} x {spec off, rs}, same seeds (train_rl resumes them)
+  5. report  DIR/report.md and DIR/plots/*.png, rebuilt from the results alone (`bebop report DIR`)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from bebop.errors import BebopError
+from bebop.fileio import atomic_write_json
+from bebop.mtp_eval import evaluate_mtp
+from bebop.mtp_train import STATE_FILE as HEAD_STATE_FILE
+from bebop.mtp_train import MTPTrainConfig, train_mtp
+from bebop.policy import load_policy
+from bebop.rl import RLConfig, train_rl
+from bebop.rl.loop import CONFIG_FILE as RL_CONFIG_FILE
+from bebop.rl.loop import FINAL_MODEL
+from bebop.sft import DEFAULT_STEPS, SFTConfig, is_trained, read_meta, train_sft
+from bebop.study.layout import DemoLayout
+from bebop.study.loss_table import _headed_copy
+from bebop.tasks import get_task
+from bebop.train_state import STATE_FILE as SFT_STATE_FILE
+
+MODES = ("rs", "to")
+# the tiny model of the miniature configuration (as in tests/test_sft.py)
+TINY_MODEL = (("hidden_size", 32), ("intermediate_size", 64), ("num_hidden_layers", 1), ("num_attention_heads", 2),
+              ("num_key_value_heads", 1), ("head_dim", 16), ("max_position_embeddings", 256))
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Every size of the demo. The default fits about 20 minutes on 2 CPU cores from scratch."""
+
+    task: str = "math"
+    seed: int = 0
+    # 1. policy: SFT from scratch in DIR/policy, unless `policy` names a trained model directory
+    policy: str = ""
+    policy_steps: int = DEFAULT_STEPS["math"]
+    policy_batch_size: int = 32
+    policy_pool: int = 20000
+    policy_overrides: tuple = ()  # model config overrides (the miniature's tiny model)
+    # 2. heads: same init, data, steps and seed for every loss
+    losses: tuple = ("ce", "e2e_tv")
+    head_steps: int = 150
+    head_depths: int = 5
+    head_batch_size: int = 16
+    head_samples: int = 256  # self-distillation samples
+    head_max_new_tokens: int = 192
+    # 3. sweep: acceptance (RS and TO) and entropy per temperature, on the same test prompts
+    k: int = 3
+    temperatures: tuple = (0.3, 0.5, 0.7, 1.0, 1.3)
+    table_temperature: float = 1.0  # the loss table's temperature (one of `temperatures`)
+    eval_n: int = 32
+    eval_max_new_tokens: int = 192
+    # 4. RL: GRPO from the rl_head model, {sync, async} x {off, rs}, same seeds
+    rl_head: str = "e2e_tv"
+    rl_modes: tuple = ("sync", "async")
+    rl_specs: tuple = ("off", "rs")
+    rl_steps: int = 8
+    rl_group_size: int = 4
+    rl_batch_prompts: int = 8
+    rl_max_new_tokens: int = 160
+    rl_save_every: int = 4
+    rl_warmup_steps: int = 1  # steps left out of the median step time (first-call overheads)
+
+    @classmethod
+    def miniature(cls) -> DemoConfig:
+        """A tiny model and a few steps per stage: the whole pipeline in well under a minute
+        (for tests and smoke runs; its numbers say nothing about the method)."""
+        return cls(policy_steps=30, policy_batch_size=8, policy_pool=200, policy_overrides=TINY_MODEL,
+                   head_steps=8, head_depths=3, head_batch_size=8, head_samples=16, head_max_new_tokens=24,
+                   temperatures=(0.5, 1.0, 1.5), eval_n=6, eval_max_new_tokens=24,
+                   rl_steps=3, rl_group_size=2, rl_batch_prompts=2, rl_max_new_tokens=16, rl_save_every=2)
+
+    def validate(self) -> None:
+        get_task(self.task)
+        if not self.losses:
+            raise BebopError("the demo needs at least one head loss")
+        if self.rl_head not in self.losses:
+            raise BebopError(f"rl_head {self.rl_head!r} is not one of the trained heads {self.losses}")
+        if len(set(self.temperatures)) < 2 or any(not t > 0 for t in self.temperatures):
+            raise BebopError("the sweep needs at least 2 distinct temperatures > 0 (to fit the entropy law)")
+        if self.table_temperature not in self.temperatures:
+            raise BebopError(f"table_temperature {self.table_temperature} is not in temperatures {self.temperatures}")
+        if not 0 <= self.rl_warmup_steps < self.rl_steps:
+            raise BebopError(f"need 0 <= rl_warmup_steps < rl_steps, got {self.rl_warmup_steps} and {self.rl_steps}")
+        for cfg in self.head_configs().values():
+            cfg.validate()
+        for cfg in self.rl_configs(Path(".")).values():
+            cfg.validate()
+
+    def sft_config(self) -> SFTConfig:
+        return SFTConfig(task=self.task, steps=self.policy_steps, batch_size=self.policy_batch_size,
+                         pool=self.policy_pool, seed=self.seed, model_overrides=tuple(self.policy_overrides))
+
+    def head_configs(self) -> dict[str, MTPTrainConfig]:
+        return {loss: MTPTrainConfig(loss=loss, depths=self.head_depths, steps=self.head_steps,
+                                     batch_size=self.head_batch_size, seed=self.seed, task=self.task,
+                                     num_samples=self.head_samples, max_new_tokens=self.head_max_new_tokens,
+                                     save_every=max(1, self.head_steps // 3))
+                for loss in self.losses}
+
+    def rl_configs(self, model: Path) -> dict[tuple[str, str], RLConfig]:
+        return {(mode, spec): RLConfig(model=str(model), task=self.task, steps=self.rl_steps, mode=mode, spec=spec,
+                                       k=self.k, group_size=self.rl_group_size, batch_prompts=self.rl_batch_prompts,
+                                       max_new_tokens=self.rl_max_new_tokens, seed=self.seed,
+                                       save_every=self.rl_save_every)
+                for mode in self.rl_modes for spec in self.rl_specs}
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(asdict(self)))  # tuples -> lists, as read back from the file
+
+    @classmethod
+    def from_json(cls, data: dict) -> DemoConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise BebopError(f"unknown demo config fields: {', '.join(sorted(unknown))}")
+        return cls(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+                      for k, v in data.items()})
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def check_config(layout: DemoLayout, cfg: DemoConfig) -> None:
+    """Write DIR/demo_config.json, or refuse to mix a different configuration into DIR."""
+    if layout.config.is_file():
+        saved = json.loads(layout.config.read_text())
+        diff = sorted(k for k in set(saved) | set(cfg.to_json()) if saved.get(k) != cfg.to_json().get(k))
+        if diff:
+            raise BebopError(f"{layout.root} holds a demo with another configuration (differs in {', '.join(diff)}); "
+                             f"choose another --out")
+        return
+    atomic_write_json(layout.config, cfg.to_json())
+
+
+def stage_policy(layout: DemoLayout, cfg: DemoConfig, progress: bool) -> Path:
+    """-> the policy directory: `cfg.policy` as given, or DIR/policy trained (or resumed) here."""
+    if layout.policy_result.is_file():
+        return layout.root / json.loads(layout.policy_result.read_text())["model_dir"]
+    t0 = time.perf_counter()
+    if cfg.policy:
+        model_dir, source = Path(cfg.policy), "reused (given with --policy)"
+        load_policy(model_dir, device="cpu")  # fail now, not after an hour, on a bad directory
+    else:
+        model_dir = layout.policy_dir
+        if is_trained(model_dir):
+            source = "reused (already trained in this directory)"
+        else:
+            resume = (model_dir / SFT_STATE_FILE).is_file()
+            if not resume and model_dir.exists():
+                shutil.rmtree(model_dir)  # killed before its first save: nothing to resume
+            say(f"{'resuming' if resume else 'training'} the {cfg.task} policy in {model_dir} "
+                f"({cfg.policy_steps} SFT steps)")
+            train_sft(model_dir, cfg.sft_config(), resume=resume, progress=progress)
+            source = "trained by this demo"
+    meta = read_meta(model_dir) if is_trained(model_dir) else {}
+    rel = _relative(model_dir.resolve(), layout.root.resolve())
+    atomic_write_json(layout.policy_result, {"model_dir": rel, "source": source, "task": cfg.task,
+                                             "sft_steps": meta.get("steps"), "sft_final_loss": meta.get("final_loss"),
+                                             "num_parameters": meta.get("num_parameters"),
+                                             "seconds": round(time.perf_counter() - t0, 1)})
+    return model_dir
+
+
+def stage_head(layout: DemoLayout, cfg: DemoConfig, policy_dir: Path, loss: str, progress: bool) -> None:
+    if layout.head_result(loss).is_file():
+        return
+    head_dir, mcfg = layout.head_dir(loss), cfg.head_configs()[loss]
+    resume = (head_dir / HEAD_STATE_FILE).is_file()
+    if not resume:
+        _headed_copy(policy_dir, layout.head_init, cfg.seed)  # the same fresh head for every loss
+    say(f"{'resuming' if resume else 'training'} the {loss} head in {head_dir} ({mcfg.steps} steps, "
+        f"{mcfg.depths} depths, {mcfg.num_samples} self-distilled samples)")
+    t0 = time.perf_counter()
+    summary = train_mtp(layout.head_init, mcfg, out=head_dir, resume=resume, progress=progress,
+                        data_cache=layout.mtp_data)
+    atomic_write_json(layout.head_result(loss), {
+        "loss": loss, "head_dir": _relative(head_dir, layout.root), "config": asdict(mcfg),
+        "final_loss": summary["loss"], "final_acceptance_per_depth": summary["acceptance_per_depth"],
+        "metrics_log": _relative(head_dir / "mtp_metrics.jsonl", layout.root),
+        "seconds": round(time.perf_counter() - t0, 1)})
+
+
+def stage_sweep(layout: DemoLayout, cfg: DemoConfig, loss: str, progress: bool, device: str) -> None:
+    if layout.sweep_result(loss).is_file():
+        return
+    say(f"sweeping temperatures {', '.join(f'{t:g}' for t in cfg.temperatures)} for the {loss} head "
+        f"(RS and TO, K={cfg.k}, {cfg.eval_n} test prompts)")
+    t0 = time.perf_counter()
+    policy = load_policy(layout.head_dir(loss), device=device)
+    rows = evaluate_mtp(policy, get_task(cfg.task), k=cfg.k, temperatures=list(cfg.temperatures), modes=list(MODES),
+                        n=cfg.eval_n, seed=cfg.seed, max_new_tokens=cfg.eval_max_new_tokens, progress=progress)
+    meta = {"head": loss, "head_dir": _relative(layout.head_dir(loss), layout.root), "task": cfg.task, "k": cfg.k,
+            "n": cfg.eval_n, "seed": cfg.seed, "max_new_tokens": cfg.eval_max_new_tokens,
+            "temperatures": list(cfg.temperatures), "modes": list(MODES), "split": "test",
+            "seconds": round(time.perf_counter() - t0, 1)}
+    atomic_write_json(layout.sweep_result(loss), {"meta": meta, "rows": rows})
+
+
+def stage_rl(layout: DemoLayout, rcfg: RLConfig, progress: bool, device: str) -> None:
+    run = layout.rl_dir(rcfg.mode, rcfg.spec)
+    if (run / FINAL_MODEL / "config.json").is_file():
+        return
+    resume = (run / RL_CONFIG_FILE).is_file()
+    say(f"{'resuming' if resume else 'running'} GRPO {rcfg.mode}, spec {rcfg.spec} in {run} ({rcfg.steps} steps, "
+        f"{rcfg.batch_prompts} prompts x {rcfg.group_size} samples)")
+    train_rl(run, rcfg, resume=resume, progress=progress, device=device)
+
+
+def run_demo_pipeline(out: str | Path, cfg: DemoConfig, *, progress: bool = True, device: str = "auto") -> Path:
+    """Run (or resume) every stage in `out`, then write the report; -> the report's path."""
+    from bebop.study.plots import require_matplotlib
+    from bebop.study.report import write_report
+
+    cfg.validate()
+    require_matplotlib()  # fail now, not after 20 minutes of training
+    layout = DemoLayout(Path(out))
+    layout.root.mkdir(parents=True, exist_ok=True)
+    check_config(layout, cfg)
+    say(f"[1/5] policy ({cfg.task})")
+    policy_dir = stage_policy(layout, cfg, progress)
+    say(f"[2/5] MTP heads: {', '.join(cfg.losses)}")
+    for loss in cfg.losses:
+        stage_head(layout, cfg, policy_dir, loss, progress)
+    say("[3/5] temperature sweep")
+    for loss in cfg.losses:
+        stage_sweep(layout, cfg, loss, progress, device)
+    say("[4/5] GRPO runs")
+    for rcfg in cfg.rl_configs(layout.head_dir(cfg.rl_head).resolve()).values():
+        stage_rl(layout, rcfg, progress, device)
+    say("[5/5] report")
+    report = write_report(layout.root)
+    say(f"wrote {report}")
+    return report
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return str(Path(path).resolve())

@@ -1,0 +1,131 @@
+"""The report's figures (matplotlib, no pyplot state: each function builds one Figure and saves a PNG).
+
+Every figure has a title, labelled axes and a legend; numbers come from the caller, which reads
+them from the saved results (bebop.study.report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from bebop.errors import BebopError
+from bebop.study.entropy_law import LinearFit
+
+DPI = 110
+
+
+def require_matplotlib():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise BebopError("plots need matplotlib (pip install matplotlib)") from None
+    return Figure
+
+
+def _integer_steps(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _save(fig, path: Path) -> Path:
+    from bebop.fileio import atomic_write
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
+    return path
+
+
+def plot_entropy_law(curves: Sequence[tuple[str, Sequence[float], Sequence[float], LinearFit | None]],
+                     path: Path, title: str) -> Path:
+    """curves: (label, entropies, accept lengths, fitted line); one marker series + line each."""
+    fig = require_matplotlib()(figsize=(6.4, 4.6))
+    ax = fig.add_subplot()
+    markers = "osD^vP*X"
+    for i, (label, xs, ys, fit) in enumerate(curves):
+        color = f"C{i}"
+        ax.scatter(xs, ys, color=color, marker=markers[i % len(markers)], zorder=3)
+        name = label if fit is None else f"{label}: slope {fit.slope:+.2f}/nat (r² {fit.r2:.2f})"
+        if fit is not None:
+            lo, hi = min(xs), max(xs)
+            style = "--" if label.startswith("TO") else "-"  # TO curves of different heads often overlap
+            ax.plot([lo, hi], [fit.predict(lo), fit.predict(hi)], style, color=color, label=name)
+        else:
+            ax.plot([], [], color=color, marker=markers[i % len(markers)], label=name)
+    ax.set_xlabel("mean target entropy of emitted tokens (nats)")
+    ax.set_ylabel("mean acceptance length (tokens per target forward)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_loss_table(losses: Sequence[str], rs: Sequence[float], to: Sequence[float], path: Path, title: str) -> Path:
+    fig = require_matplotlib()(figsize=(5.6, 4.0))
+    ax = fig.add_subplot()
+    xs = range(len(losses))
+    width = 0.38
+    ax.bar([x - width / 2 for x in xs], rs, width, label="rejection sampling (RS)")
+    ax.bar([x + width / 2 for x in xs], to, width, label="target-only (TO)")
+    for x, a, b in zip(xs, rs, to):
+        ax.annotate(f"{a:.3f}", (x - width / 2, a), ha="center", va="bottom", fontsize=8)
+        ax.annotate(f"{b:.3f}", (x + width / 2, b), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), [f"head: {loss}" for loss in losses])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("acceptance rate (accepted / drafted tokens)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left")
+    return _save(fig, path)
+
+
+def plot_acceptance_per_position(runs: Sequence[tuple[str, Sequence[int], Sequence[Sequence[float]]]],
+                                 path: Path, title: str) -> Path:
+    """runs: (name, steps, per-step acceptance per depth); one panel per run, one line per depth."""
+    fig = require_matplotlib()(figsize=(5.2 * max(1, len(runs)), 4.0))
+    for i, (name, steps, per_pos) in enumerate(runs):
+        ax = fig.add_subplot(1, max(1, len(runs)), i + 1)
+        depth_count = max((len(p) for p in per_pos), default=0)
+        for d in range(depth_count):
+            ax.plot(steps, [p[d] if d < len(p) else float("nan") for p in per_pos], marker="o", label=f"depth {d + 1}")
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("RL step")
+        _integer_steps(ax)
+        ax.set_ylabel("acceptance at depth (accepted / drafts)")
+        ax.set_title(f"{title}: {name}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_step_time(names: Sequence[str], rollout: Sequence[float], train: Sequence[float], step: Sequence[float],
+                   path: Path, title: str) -> Path:
+    fig = require_matplotlib()(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    xs = range(len(names))
+    width = 0.27
+    ax.bar([x - width for x in xs], rollout, width, label="rollout_s (generation)")
+    ax.bar(list(xs), train, width, label="train_s (GRPO update + sync)")
+    ax.bar([x + width for x in xs], step, width, label="step_s (wall time per step)")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("median seconds per RL step")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_rewards(runs: Sequence[tuple[str, Sequence[int], Sequence[float]]], path: Path, title: str) -> Path:
+    fig = require_matplotlib()(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    styles = {"off": "-", "to": ":", "rs": "--"}
+    for i, (name, steps, rewards) in enumerate(runs):
+        ax.plot(steps, rewards, styles.get(name.rsplit("-", 1)[-1], "-"), marker="o", color=f"C{i}", label=name)
+    ax.set_xlabel("RL step")
+    _integer_steps(ax)
+    ax.set_ylabel("mean reward of the step's rollouts")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,380 @@
+"""The demo report, rebuilt from saved results alone (nothing is rerun).
+
+    bebop report runs/demo          # -> runs/demo/report.md and runs/demo/plots/*.png
+
+Reads the files of bebop.study.layout: demo_config.json, results/*.json and the RL runs'
+metrics.jsonl. A stage with no results yet gets a "not run yet" line instead of a section's
+numbers. Every number in the tables is a value from those files, rounded for display, or a named
+statistic of them (a median, a mean, a fitted slope), and each table says which file and how
+it was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bebop.errors import BebopError
+from bebop.fileio import atomic_write_text
+from bebop.jsonl import read_jsonl
+from bebop.study.entropy_law import PAPER_SLOPES, LinearFit, fit_line
+from bebop.study.layout import DemoLayout
+
+BASELINE_RUN = "sync-off"
+TV_LOSSES = ("tv", "e2e_tv")
+MODE_NAMES = {"rs": "RS", "to": "TO"}
+RUN_MODES = ("sync", "async")
+RUN_SPECS = ("off", "to", "rs")
+
+
+@dataclass
+class RLRun:
+    name: str  # <mode>-<spec>
+    config: dict  # RUN_DIR/config.json
+    rows: list[dict]  # RUN_DIR/metrics.jsonl
+    log: str  # the metrics file, relative to the demo directory
+    finished: bool
+
+
+@dataclass
+class DemoResults:
+    root: Path
+    config: dict = field(default_factory=dict)
+    policy: dict | None = None
+    heads: dict[str, dict] = field(default_factory=dict)
+    sweeps: dict[str, dict] = field(default_factory=dict)
+    rl: dict[str, RLRun] = field(default_factory=dict)
+
+    @property
+    def losses(self) -> list[str]:
+        order = list(self.config.get("losses", []))
+        return order + sorted((set(self.sweeps) | set(self.heads)) - set(order))
+
+    @property
+    def warmup(self) -> int:
+        return int(self.config.get("rl_warmup_steps", 1))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BebopError(f"{path} is not valid JSON ({exc.msg})") from None
+
+
+def load_results(root: str | Path) -> DemoResults:
+    layout = DemoLayout(Path(root))
+    if not layout.root.is_dir():
+        raise BebopError(f"no such directory: {layout.root}")
+    res = DemoResults(layout.root)
+    if layout.config.is_file():
+        res.config = _read_json(layout.config)
+    if layout.policy_result.is_file():
+        res.policy = _read_json(layout.policy_result)
+    for path in sorted(layout.results.glob("head-*.json")):
+        res.heads[path.stem.removeprefix("head-")] = _read_json(path)
+    for path in sorted(layout.results.glob("sweep-*.json")):
+        res.sweeps[path.stem.removeprefix("sweep-")] = _read_json(path)
+    rl_root = layout.root / "rl"
+    for run in sorted(rl_root.glob("*/metrics.jsonl"), key=lambda p: _run_order(p.parent.name)):
+        run_dir = run.parent
+        cfg = _read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
+        rows = sorted(read_jsonl(run, required=("step", "reward", "step_s", "rollout_s", "train_s")),
+                      key=lambda r: r["step"])
+        res.rl[run_dir.name] = RLRun(run_dir.name, cfg, rows, str(run.relative_to(layout.root)),
+                                     finished=(run_dir / "model" / "config.json").is_file())
+    if not (res.config or res.policy or res.heads or res.sweeps or res.rl):
+        raise BebopError(f"{layout.root} holds no demo results (no demo_config.json, results/ or rl/*/metrics.jsonl)")
+    return res
+
+
+def _run_order(name: str) -> tuple:
+    """sync before async, spec off before to before rs, then by name."""
+    mode, _, spec = name.partition("-")
+    return (RUN_MODES.index(mode) if mode in RUN_MODES else 9, RUN_SPECS.index(spec) if spec in RUN_SPECS else 9, name)
+
+
+# ---- statistics of the saved results ----------------------------------------------------------
+
+def sweep_points(res: DemoResults, loss: str, mode: str) -> list[dict]:
+    rows = [r for r in res.sweeps.get(loss, {}).get("rows", []) if r["mode"] == mode]
+    return sorted(rows, key=lambda r: r["temperature"])
+
+
+def entropy_fits(res: DemoResults) -> list[tuple[str, str, list[dict], LinearFit | None]]:
+    """(mode, loss, points, fit of mean acceptance length on mean entropy) for every curve."""
+    out = []
+    for loss in res.losses:
+        for mode in ("to", "rs"):
+            pts = sweep_points(res, loss, mode)
+            if not pts:
+                continue
+            xs = [p["mean_entropy"] for p in pts]
+            fit = fit_line(xs, [p["mean_acceptance_length"] for p in pts]) if len(set(xs)) >= 2 else None
+            out.append((mode, loss, pts, fit))
+    return out
+
+
+def paper_slope(mode: str, loss: str) -> float | None:
+    if mode == "to":
+        return PAPER_SLOPES["to"]
+    if loss == "ce":
+        return PAPER_SLOPES["rs+ce"]
+    if loss in TV_LOSSES:
+        return PAPER_SLOPES["rs+tv"]
+    return None
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    timed_steps: list[int]  # the steps after warmup that the medians are over
+    step_s: float
+    rollout_s: float
+    train_s: float
+    wait_s: float
+
+
+def step_times(run: RLRun, warmup: int) -> StepTimes | None:
+    rows = [r for r in run.rows if r["step"] > warmup] or run.rows
+    if not rows:
+        return None
+    med = lambda key: statistics.median(r.get(key, 0.0) for r in rows)  # noqa: E731
+    return StepTimes([r["step"] for r in rows], med("step_s"), med("rollout_s"), med("train_s"), med("wait_s"))
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and its standard error (0 for a single value)."""
+    m = sum(values) / len(values)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return m, se
+
+
+# ---- markdown ----------------------------------------------------------------------------------
+
+def f3(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def f2(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def per_pos(values: Sequence[float]) -> str:
+    return " / ".join(f"{v:.3f}" for v in values) if values else "n/a"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _missing(what: str) -> list[str]:
+    return [f"_Not run yet: {what}._", ""]
+
+
+def section_policy(res: DemoResults) -> list[str]:
+    lines = ["## 1. Policy", ""]
+    if res.policy is None:
+        return lines + _missing("results/policy.json")
+    p = res.policy
+    lines += [f"The {p['task']} policy in `{p['model_dir']}` was **{p['source']}**"
+              + (f": SFT for {p['sft_steps']} steps, final training loss {f3(p['sft_final_loss'])} "
+                 f"(mean of the last 20 steps), {p['num_parameters']:,} parameters" if p.get("sft_steps") else "")
+              + ". Source: `results/policy.json`.", ""]
+    return lines
+
+
+def section_loss_table(res: DemoResults) -> list[str]:
+    t = float(res.config.get("table_temperature", 1.0))
+    lines = [f"## 2. Loss table (T={t:g})", ""]
+    rows, sources = [], []
+    for loss in res.losses:
+        by_mode = {p["mode"]: p for p in res.sweeps.get(loss, {}).get("rows", []) if p["temperature"] == t}
+        if not {"rs", "to"} <= set(by_mode):
+            continue
+        rs, to = by_mode["rs"], by_mode["to"]
+        head = res.heads.get(loss, {})
+        rows.append([loss, f3(rs["acceptance_rate"]), f3(to["acceptance_rate"]), f3(rs["mean_acceptance_length"]),
+                     f3(to["mean_acceptance_length"]), per_pos(rs["acceptance_rate_per_position"]),
+                     f3(rs["mean_entropy"]), f3(head.get("final_loss"))])
+        sources.append(loss)
+    if not rows:
+        return lines + _missing("results/sweep-<loss>.json")
+    meta = res.sweeps[sources[0]]["meta"]
+    hcfg = res.heads.get(sources[0], {}).get("config", {})
+    train = (f"Heads trained {hcfg['steps']} steps over {hcfg['depths']} depths on {hcfg['num_samples']} "
+             f"self-distilled samples, same init, data and seed (`results/head-<loss>.json`). ") if hcfg else ""
+    lines += [train + f"Acceptance measured by speculative generation at K={meta['k']}, T={t:g} on "
+              f"{meta['n']} {meta['split']} prompts (seed {meta['seed']}, at most {meta['max_new_tokens']} new tokens); "
+              "acceptance rate = accepted / drafted tokens, mean accept length = 1 + accepted / drafts. "
+              "Source: `results/sweep-<loss>.json`, rows at this temperature.", ""]
+    lines += _table(["head loss", "RS acceptance", "TO acceptance", "RS mean accept length", "TO mean accept length",
+                     "RS per position", "mean entropy (nats)", "final train loss"], rows)
+    return lines + ["", "![loss table](plots/loss_table.png)", ""]
+
+
+def section_sweep(res: DemoResults) -> list[str]:
+    lines = ["## 3. Temperature sweep", ""]
+    rows = []
+    for loss in res.losses:
+        for mode in ("to", "rs"):
+            for p in sweep_points(res, loss, mode):
+                rows.append([loss, MODE_NAMES[mode], f"{p['temperature']:g}", f3(p["mean_entropy"]),
+                             f3(p["acceptance_rate"]), f3(p["mean_acceptance_length"]),
+                             per_pos(p["acceptance_rate_per_position"]), f3(p["pass_rate"])])
+    if not rows:
+        return lines + _missing("results/sweep-<loss>.json")
+    meta = next(iter(res.sweeps.values()))["meta"]
+    lines += [f"Each row: speculative generation on the same {meta['n']} {meta['split']} prompts with the same "
+              f"generator seed ({meta['seed']}), K={meta['k']}; mean entropy is the target's entropy at that "
+              "temperature averaged over emitted tokens; pass rate is the task reward of those generations. "
+              "Source: `results/sweep-<loss>.json`.", ""]
+    return lines + _table(["head", "mode", "T", "mean entropy (nats)", "acceptance rate", "mean accept length",
+                           "per position", "pass rate"], rows) + [""]
+
+
+def section_entropy_law(res: DemoResults) -> list[str]:
+    lines = ["## 4. Acceptance against entropy", ""]
+    fits = entropy_fits(res)
+    if not fits:
+        return lines + _missing("results/sweep-<loss>.json")
+    rows = []
+    for mode, loss, pts, fit in fits:
+        paper = paper_slope(mode, loss)
+        rows.append([f"{MODE_NAMES[mode]} + {loss}", f3(fit.slope if fit else None),
+                     f3(fit.intercept if fit else None), f3(fit.r2 if fit else None), str(len(pts)),
+                     f"{paper:+.2f}" if paper is not None else "n/a"])
+    lines += ["Least-squares line mean accept length = intercept + slope × mean entropy over the temperature "
+              "sweep's points (one per temperature, from `results/sweep-<loss>.json`). The paper's slopes: "
+              "about -1.68 for TO and for RS with a CE head, about -0.06 for RS with a TV head.", ""]
+    return lines + _table(["curve", "slope (per nat)", "intercept", "r²", "points", "paper slope"], rows) + \
+        ["", "![acceptance against entropy](plots/entropy_law.png)", ""]
+
+
+def section_rl(res: DemoResults) -> list[str]:
+    lines = ["## 5. GRPO: step time, speedup, acceptance, reward", ""]
+    if not res.rl:
+        return lines + _missing("rl/<mode>-<spec>/metrics.jsonl")
+    w = res.warmup
+    times = {name: step_times(run, w) for name, run in res.rl.items()}
+    base = times.get(BASELINE_RUN)
+    any_cfg = next(iter(res.rl.values())).config
+    rows = []
+    for name, run in res.rl.items():
+        st = times[name]
+        if st is None:
+            continue
+        speedup = base.step_s / st.step_s if base is not None and st.step_s > 0 else None
+        reward = sum(r["reward"] for r in run.rows) / len(run.rows)
+        accept = sum(r["mean_acceptance_length"] for r in run.rows) / len(run.rows)
+        rows.append([name, f"{len(run.rows)}" + ("" if run.finished else " (unfinished)"),
+                     f"{st.timed_steps[0]}-{st.timed_steps[-1]}", f3(st.step_s), f3(st.rollout_s), f3(st.wait_s),
+                     f3(st.train_s), f2(speedup), f3(reward), f3(accept)])
+    if any_cfg:
+        lines += [f"Runs from the `{Path(any_cfg.get('model', '?')).name}` head's model: {any_cfg.get('batch_prompts')} "
+                  f"prompts × {any_cfg.get('group_size')} samples per step, at most {any_cfg.get('max_new_tokens')} new "
+                  f"tokens, T={any_cfg.get('temperature')}, K={any_cfg.get('k')} when speculating, seed "
+                  f"{any_cfg.get('seed')} for every run.", ""]
+    lines += [f"Times are medians over the steps in the 'timed steps' column (after {w} warmup step(s)) of each "
+              "run's `rl/<run>/metrics.jsonl`: rollout_s is generation time, wait_s the time the trainer waited "
+              "for a batch (async: less than rollout_s when generation overlaps training), train_s the update "
+              f"and weight sync, step_s the wall time per step. Speedup = median step_s of {BASELINE_RUN} / "
+              "median step_s of the run. Reward and mean accept length are means over all logged steps.", ""]
+    lines += _table(["run", "steps", "timed steps", "step_s", "rollout_s", "wait_s", "train_s",
+                     f"speedup vs {BASELINE_RUN}", "mean reward", "mean accept length"], rows)
+    lines += ["", "![RL step time](plots/rl_step_time.png)", ""]
+    lines += section_lossless(res)
+    if any(r.get("acceptance_rate_per_position") for run in res.rl.values() for r in run.rows):
+        lines += ["Per-position acceptance of every speculative run at each step (`acceptance_rate_per_position` "
+                  "in its metrics.jsonl: accepted at depth d / drafts).", "",
+                  "![per-position acceptance over RL steps](plots/rl_acceptance.png)", ""]
+    return lines
+
+
+def section_lossless(res: DemoResults) -> list[str]:
+    """Reward with and without speculation, per mode: lossless decoding means they agree."""
+    rows = []
+    for mode in ("sync", "async"):
+        off = res.rl.get(f"{mode}-off")
+        for spec in ("rs", "to"):
+            on = res.rl.get(f"{mode}-{spec}")
+            if off is None or on is None or not off.rows or not on.rows:
+                continue
+            m_off, se_off = mean_se([r["reward"] for r in off.rows])
+            m_on, se_on = mean_se([r["reward"] for r in on.rows])
+            diff, se = m_on - m_off, math.hypot(se_off, se_on)
+            agree = abs(diff) <= 2 * se + 1e-12
+            rows.append([mode, spec, f3(m_off), f3(m_on), f"{diff:+.3f}", f3(se), "yes" if agree else "no"])
+    lines = ["### Reward with and without speculation", ""]
+    if not rows:
+        return lines + _missing("a spec-off and a speculative run of the same mode")
+    lines += ["Mean reward per step over all logged steps, and the standard error of the difference (per-step "
+              "means treated as independent). Speculative decoding is lossless, so the curves should agree within "
+              "noise; same seeds, but not token for token (the draft consumes random numbers).", ""]
+    return lines + _table(["mode", "spec", "reward (spec off)", "reward (spec on)", "difference", "s.e.", "within 2 s.e."],
+                          rows) + ["", "![reward curves](plots/rl_reward.png)", ""]
+
+
+def render_markdown(res: DemoResults) -> str:
+    cfg = res.config
+    head = ["# bebop demo report", ""]
+    if cfg:
+        head += [f"Task `{cfg.get('task')}`, seed {cfg.get('seed')}; heads {', '.join(cfg.get('losses', []))}; "
+                 f"K={cfg.get('k')}; temperatures {', '.join(f'{t:g}' for t in cfg.get('temperatures', []))}; "
+                 f"RL {cfg.get('rl_steps')} steps per run. The full configuration: `demo_config.json`.", ""]
+    head += [f"Rebuild this page from the saved results (nothing is rerun): `bebop report {res.root}`.", ""]
+    body = section_policy(res) + section_loss_table(res) + section_sweep(res) + section_entropy_law(res) + \
+        section_rl(res)
+    return "\n".join(head + body).rstrip() + "\n"
+
+
+# ---- figures -----------------------------------------------------------------------------------
+
+def write_plots(res: DemoResults, plots: Path) -> list[Path]:
+    from bebop.study import plots as P
+
+    out = []
+    t = float(res.config.get("table_temperature", 1.0))
+    table = [(loss, {p["mode"]: p for p in res.sweeps[loss]["rows"] if p["temperature"] == t})
+             for loss in res.losses if loss in res.sweeps]
+    table = [(loss, m) for loss, m in table if {"rs", "to"} <= set(m)]
+    if table:
+        out.append(P.plot_loss_table([x for x, _ in table], [m["rs"]["acceptance_rate"] for _, m in table],
+                                     [m["to"]["acceptance_rate"] for _, m in table], plots / "loss_table.png",
+                                     f"Acceptance per head loss (T={t:g})"))
+    fits = entropy_fits(res)
+    if fits:
+        curves = [(f"{MODE_NAMES[mode]} + {loss}", [p["mean_entropy"] for p in pts],
+                   [p["mean_acceptance_length"] for p in pts], fit) for mode, loss, pts, fit in fits]
+        out.append(P.plot_entropy_law(curves, plots / "entropy_law.png",
+                                      "Mean acceptance length against target entropy"))
+    runs = {n: r for n, r in res.rl.items() if r.rows}
+    if runs:
+        times = {n: step_times(r, res.warmup) for n, r in runs.items()}
+        names = list(times)
+        out.append(P.plot_step_time(names, [times[n].rollout_s for n in names], [times[n].train_s for n in names],
+                                    [times[n].step_s for n in names], plots / "rl_step_time.png",
+                                    f"GRPO step time (medians after {res.warmup} warmup step(s))"))
+        out.append(P.plot_rewards([(n, [r["step"] for r in run.rows], [r["reward"] for r in run.rows])
+                                   for n, run in runs.items()], plots / "rl_reward.png",
+                                  "Reward with and without speculative rollouts"))
+        spec_runs = [(n, [r["step"] for r in run.rows], [r["acceptance_rate_per_position"] for r in run.rows])
+                     for n, run in runs.items() if any(r.get("acceptance_rate_per_position") for r in run.rows)]
+        if spec_runs:
+            out.append(P.plot_acceptance_per_position(spec_runs, plots / "rl_acceptance.png",
+                                                      "Per-position acceptance"))
+    return out
+
+
+def write_report(root: str | Path, *, plots: bool = True) -> Path:
+    """Write ROOT/report.md (and ROOT/plots/*.png) from ROOT's saved results; -> the report's path."""
+    res = load_results(root)
+    layout = DemoLayout(res.root)
+    text = render_markdown(res)
+    if plots:
+        write_plots(res, layout.plots)
+    atomic_write_text(layout.report, text)
+    return layout.report
