@@ -83,7 +83,7 @@ class DemoConfig:
     def miniature(cls) -> DemoConfig:
         """A tiny model and a few steps per stage: the whole pipeline in well under a minute
         (for tests and smoke runs; its numbers say nothing about the method)."""
-        return cls(policy_steps=30, policy_batch_size=8, policy_pool=200, policy_overrides=TINY_MODEL,
+        return cls(policy_steps=12, policy_batch_size=8, policy_pool=200, policy_overrides=TINY_MODEL,
                    head_steps=8, head_depths=3, head_batch_size=8, head_samples=16, head_max_new_tokens=24,
                    temperatures=(0.5, 1.0, 1.5), eval_n=6, eval_max_new_tokens=24,
                    rl_steps=3, rl_group_size=2, rl_batch_prompts=2, rl_max_new_tokens=16, rl_save_every=2)
