@@ -151,6 +151,18 @@ def test_every_table_number_is_the_saved_value(demo):
         assert same(r["difference"], statistics.mean(on) - statistics.mean(off)) and same(r["s.e."], se)
 
 
+def test_stage_times_are_the_recorded_seconds(demo):
+    text = (demo / "report.md").read_text()
+    assert "**Miniature configuration**" in text
+    rows = {r["stage"]: r for r in tables(text)["stage"]}
+    assert same(rows["policy"]["seconds"], load(demo / "results" / "policy.json")["seconds"], 1)
+    for loss in ("ce", "e2e_tv"):
+        assert same(rows[f"head {loss}"]["seconds"], load(demo / "results" / f"head-{loss}.json")["seconds"], 1)
+        assert same(rows[f"sweep {loss}"]["seconds"], load(demo / "results" / f"sweep-{loss}.json")["meta"]["seconds"], 1)
+    for run in RUNS:
+        assert same(rows[f"RL {run}"]["seconds"], sum(m["step_s"] for m in metrics(demo, run)), 1)
+
+
 def test_report_command_rebuilds_the_same_page(demo):
     before = (demo / "report.md").read_text()
     (demo / "report.md").unlink()

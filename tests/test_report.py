@@ -139,3 +139,10 @@ def test_fit_rejects_degenerate_input():
         fit_line([1.0, 1.0], [2.0, 3.0])
     with pytest.raises(BebopError, match="x values"):
         fit_line([1.0, 2.0], [2.0])
+
+
+def test_stage_times_table(demo_dir):
+    text = _report(demo_dir)
+    assert "| policy | 0.1 | SFT (0 when reused) | `results/policy.json` |" in text
+    assert "| RL sync-off | 20.0 | sum of step_s (no setup or checkpoints) | `rl/sync-off/metrics.jsonl` |" in text
+    assert "Miniature configuration" not in text

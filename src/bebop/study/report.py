@@ -318,16 +318,43 @@ def section_lossless(res: DemoResults) -> list[str]:
                           rows) + ["", "![reward curves](plots/rl_reward.png)", ""]
 
 
+def section_stage_times(res: DemoResults) -> list[str]:
+    """Wall seconds of each stage as its results file recorded them (a resumed stage: its last part)."""
+    rows = []
+    if res.policy is not None and "seconds" in res.policy:
+        rows.append(["policy", f"{res.policy['seconds']:.1f}", "SFT (0 when reused)", "`results/policy.json`"])
+    for loss in res.losses:
+        if "seconds" in res.heads.get(loss, {}):
+            rows.append([f"head {loss}", f"{res.heads[loss]['seconds']:.1f}",
+                         "train_mtp (the first head also self-distils the shared data)", f"`results/head-{loss}.json`"])
+    for loss in res.losses:
+        if "seconds" in res.sweeps.get(loss, {}).get("meta", {}):
+            rows.append([f"sweep {loss}", f"{res.sweeps[loss]['meta']['seconds']:.1f}", "evaluate_mtp, every point",
+                         f"`results/sweep-{loss}.json`"])
+    for name, run in res.rl.items():
+        if run.rows:
+            rows.append([f"RL {name}", f"{sum(r['step_s'] for r in run.rows):.1f}",
+                         "sum of step_s (no setup or checkpoints)", f"`{run.log}`"])
+    if not rows:
+        return []
+    return ["## 6. Where the time went", "",
+            "Seconds of the run that completed each stage (a stage resumed after a kill counts only its last "
+            "part).", ""] + _table(["stage", "seconds", "what was timed", "source"], rows) + [""]
+
+
 def render_markdown(res: DemoResults) -> str:
     cfg = res.config
     head = ["# bebop demo report", ""]
+    if cfg.get("name") == "miniature":
+        head += ["**Miniature configuration**: a tiny model and a few steps per stage, to exercise the pipeline. "
+                 "Its numbers say nothing about the method; run `bebop demo` for the real study.", ""]
     if cfg:
         head += [f"Task `{cfg.get('task')}`, seed {cfg.get('seed')}; heads {', '.join(cfg.get('losses', []))}; "
                  f"K={cfg.get('k')}; temperatures {', '.join(f'{t:g}' for t in cfg.get('temperatures', []))}; "
                  f"RL {cfg.get('rl_steps')} steps per run. The full configuration: `demo_config.json`.", ""]
-    head += [f"Rebuild this page from the saved results (nothing is rerun): `bebop report {res.root}`.", ""]
+    head += ["Rebuild this page from the results saved beside it (nothing is rerun): `bebop report DIR`.", ""]
     body = section_policy(res) + section_loss_table(res) + section_sweep(res) + section_entropy_law(res) + \
-        section_rl(res)
+        section_rl(res) + section_stage_times(res)
     return "\n".join(head + body).rstrip() + "\n"
 
 
