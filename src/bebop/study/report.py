@@ -37,7 +37,7 @@ class RLRun:
     config: dict  # RUN_DIR/config.json
     rows: list[dict]  # RUN_DIR/metrics.jsonl
     log: str  # the metrics file, relative to the demo directory
-    finished: bool
+    finished: bool  # every configured step is in metrics.jsonl
 
 
 @dataclass
@@ -85,8 +85,8 @@ def load_results(root: str | Path) -> DemoResults:
         cfg = _read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
         rows = sorted(read_jsonl(run, required=("step", "reward", "step_s", "rollout_s", "train_s")),
                       key=lambda r: r["step"])
-        res.rl[run_dir.name] = RLRun(run_dir.name, cfg, rows, str(run.relative_to(layout.root)),
-                                     finished=(run_dir / "model" / "config.json").is_file())
+        finished = bool(rows) and rows[-1]["step"] >= cfg.get("steps", math.inf)  # every configured step logged
+        res.rl[run_dir.name] = RLRun(run_dir.name, cfg, rows, str(run.relative_to(layout.root)), finished)
     if not (res.config or res.policy or res.heads or res.sweeps or res.rl):
         raise BebopError(f"{layout.root} holds no demo results (no demo_config.json, results/ or rl/*/metrics.jsonl)")
     return res
@@ -323,10 +323,10 @@ def section_stage_times(res: DemoResults) -> list[str]:
     rows = []
     if res.policy is not None and "seconds" in res.policy:
         rows.append(["policy", f"{res.policy['seconds']:.1f}", "SFT (0 when reused)", "`results/policy.json`"])
-    for loss in res.losses:
+    for i, loss in enumerate(res.losses):
         if "seconds" in res.heads.get(loss, {}):
-            rows.append([f"head {loss}", f"{res.heads[loss]['seconds']:.1f}",
-                         "train_mtp (the first head also self-distils the shared data)", f"`results/head-{loss}.json`"])
+            what = "train_mtp, incl. self-distilling the shared data" if i == 0 else "train_mtp"
+            rows.append([f"head {loss}", f"{res.heads[loss]['seconds']:.1f}", what, f"`results/head-{loss}.json`"])
     for loss in res.losses:
         if "seconds" in res.sweeps.get(loss, {}).get("meta", {}):
             rows.append([f"sweep {loss}", f"{res.sweeps[loss]['meta']['seconds']:.1f}", "evaluate_mtp, every point",
