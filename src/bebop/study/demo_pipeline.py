@@ -19,7 +19,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from bebop.errors import BebopError
