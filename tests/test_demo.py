@@ -190,7 +190,7 @@ def _record(monkeypatch, calls, name):
 
 def test_rerun_reuses_every_stage(demo, monkeypatch):
     before = (demo / "report.md").read_text()
-    _forbid(monkeypatch, "train_sft", "train_mtp", "evaluate_mtp", "train_rl", "_headed_copy")
+    _forbid(monkeypatch, "train_sft", "train_mtp", "evaluate_mtp", "train_rl", "headed_copy")
     run_demo_pipeline(demo, DemoConfig.miniature(), progress=False)
     assert (demo / "report.md").read_text() == before
 
@@ -205,7 +205,7 @@ def test_a_killed_demo_resumes_only_the_unfinished_stages(demo, monkeypatch):
     calls = []
     for name in ("train_mtp", "evaluate_mtp", "train_rl"):
         _record(monkeypatch, calls, name)
-    _forbid(monkeypatch, "train_sft", "_headed_copy")
+    _forbid(monkeypatch, "train_sft", "headed_copy")
     run_demo_pipeline(demo, DemoConfig.miniature(), progress=False)
     assert calls == [("train_mtp", True), ("evaluate_mtp", None), ("train_rl", True)]
     assert [r["step"] for r in metrics(demo, "async-rs")] == [1, 2, 3]

@@ -33,7 +33,7 @@ from bebop.rl.loop import CONFIG_FILE as RL_CONFIG_FILE
 from bebop.rl.loop import FINAL_MODEL
 from bebop.sft import DEFAULT_STEPS, SFTConfig, is_trained, read_meta, train_sft
 from bebop.study.layout import DemoLayout
-from bebop.study.loss_table import _headed_copy
+from bebop.study.loss_table import headed_copy
 from bebop.tasks import get_task
 from bebop.train_state import STATE_FILE as SFT_STATE_FILE
 
@@ -198,7 +198,7 @@ def stage_head(layout: DemoLayout, cfg: DemoConfig, policy_dir: Path, loss: str,
     head_dir, mcfg = layout.head_dir(loss), cfg.head_configs()[loss]
     resume = (head_dir / HEAD_STATE_FILE).is_file()
     if not resume:
-        _headed_copy(policy_dir, layout.head_init, cfg.seed)  # the same fresh head for every loss
+        headed_copy(policy_dir, layout.head_init, cfg.seed)  # the same fresh head for every loss
     say(f"{'resuming' if resume else 'training'} the {loss} head in {head_dir} ({mcfg.steps} steps, "
         f"{mcfg.depths} depths, {mcfg.num_samples} self-distilled samples)")
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ from bebop.tasks import get_task
 LOSSES = ("ce", "kl", "rkl", "tv", "e2e_tv")
 
 
-def _headed_copy(policy_dir: Path, dst: Path, seed: int) -> None:
+def headed_copy(policy_dir: Path, dst: Path, seed: int) -> None:
     """dst = the policy with a fresh MTP head initialised from `seed` (same for every loss)."""
     if dst.exists():
         shutil.rmtree(dst)
@@ -48,7 +48,7 @@ def run_loss_study(policy_dir: str | Path, out: str | Path, *, task: str, losses
         head_dir = out / "heads" / loss
         if not (head_dir / "mtp_train_state.pt").is_file() or \
                 torch.load(head_dir / "mtp_train_state.pt", weights_only=False)["step"] < steps:
-            _headed_copy(policy_dir, out / "init", seed)
+            headed_copy(policy_dir, out / "init", seed)
             cfg = MTPTrainConfig(loss=loss, depths=depths, steps=steps, temperature=temperature, seed=seed,
                                  task=task, num_samples=num_samples)
             train_mtp(out / "init", cfg, out=head_dir, progress=progress, data_cache=data_cache)
