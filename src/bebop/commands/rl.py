@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bebop.rl.config import MODES, MTP_UPDATES, SPEC_CHOICES, RLConfig
+from bebop.rl.config import BACKENDS, MODES, MTP_UPDATES, SPEC_CHOICES, Backend, RLConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +15,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", required=True, help="math, code, agent or mix")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True, help="run directory: config.json, metrics.jsonl, checkpoints, model/")
-    p.add_argument("--mode", choices=MODES, default=d.mode)
+    p.add_argument("--mode", choices=MODES, default=None,
+                   help=f"default: {d.mode} with --backend local, async with --backend ray")
     p.add_argument("--spec", choices=SPEC_CHOICES, default=d.spec, help="rollouts: plain, target-only or rejection sampling")
     p.add_argument("--k", type=int, default=d.k, help="drafts per step")
     p.add_argument("--mtp-update", choices=MTP_UPDATES, default=d.mtp_update, help="online MTP strategy")
@@ -35,17 +36,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tensorboard", action="store_true", help="also log to OUT/tb (needs tensorboard)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="where rollouts run: this process, or Ray actors (pip install 'bebop[ray]')")
+    p.add_argument("--rollout-workers", type=int, default=1, help="ray: rollout actors (<= max-staleness + 1)")
+    p.add_argument("--ray-address", default=None,
+                   help="ray: join this cluster (auto, HOST:PORT, ray://HOST:PORT); default: start a local Ray")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
     from bebop.rl.loop import train_rl
 
-    cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=args.mode, spec=args.spec, k=args.k,
+    mode = args.mode or ("async" if args.backend == "ray" else RLConfig().mode)
+    cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=mode, spec=args.spec, k=args.k,
                    mtp_update=args.mtp_update, group_size=args.group_size, batch_prompts=args.batch_prompts,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr, mtp_lr=args.mtp_lr,
                    kl_coef=args.kl_coef, clip_eps=args.clip_eps, max_staleness=args.max_staleness,
                    difficulty=args.difficulty, seed=args.seed, save_every=args.save_every)
     summary = train_rl(args.out, cfg, resume=args.resume, progress=not args.no_progress,
-                       tensorboard=args.tensorboard, device=args.device)
+                       tensorboard=args.tensorboard, device=args.device,
+                       backend=Backend(args.backend, args.rollout_workers, args.ray_address))
     print(json.dumps(summary))

@@ -1,4 +1,5 @@
-"""The resolved configuration of one RL run (written to RUN_DIR/config.json, checked on resume)."""
+"""The resolved configuration of one RL run (written to RUN_DIR/config.json, checked on resume), and
+where its rollouts run (Backend: not part of the run's identity, like the device)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from bebop.tasks import get_task
 MODES = ("sync", "async")
 SPEC_CHOICES = ("off", "to", "rs")
 MTP_UPDATES = ("none", "ce", "tv", "e2e_tv")  # "none" keeps the pre-RL head frozen; others name a draft loss
+BACKENDS = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -66,3 +68,41 @@ class RLConfig:
     @property
     def needs_head(self) -> bool:
         return self.spec != "off" or self.mtp_update != "none"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where rollouts run: in this process (local) or on Ray actors (ray_backend.RaySource).
+
+    Not saved in config.json: the prompt stream is a pure function of (seed, data index), so a run
+    may be resumed on another backend or with another number of workers."""
+
+    name: str = "local"
+    rollout_workers: int = 1
+    ray_address: str | None = None
+
+    def validate(self, cfg: RLConfig) -> None:
+        if self.name not in BACKENDS:
+            raise BebopError(f"unknown --backend {self.name!r}; choose from {', '.join(BACKENDS)}")
+        if self.name == "local":
+            if self.rollout_workers != 1 or self.ray_address is not None:
+                raise BebopError("--rollout-workers and --ray-address need --backend ray")
+            return
+        if cfg.mode != "async":
+            raise BebopError("--backend ray samples asynchronously: use --mode async "
+                             "(--max-staleness 0 for on-policy batches)")
+        if not 1 <= self.rollout_workers <= cfg.max_staleness + 1:
+            raise BebopError(f"--rollout-workers {self.rollout_workers} with --max-staleness {cfg.max_staleness}: "
+                             f"between 1 and max_staleness + 1 = {cfg.max_staleness + 1} workers can sample batches "
+                             f"fresh enough to train on; raise --max-staleness or use fewer workers")
+        from bebop.rl.ray_backend import require_ray
+
+        require_ray()
+
+    def source(self, mode: str) -> str:
+        """The loop's SOURCES key."""
+        return "ray" if self.name == "ray" else mode
+
+    def source_options(self) -> dict:
+        """Extra keyword arguments of that source."""
+        return {"workers": self.rollout_workers, "address": self.ray_address} if self.name == "ray" else {}

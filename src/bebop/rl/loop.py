@@ -8,8 +8,9 @@ random states, data position, step, policy version) and, when finished, model/ (
 policy with its head). `resume=True` continues from LATEST; a different config is an error that
 names the fields.
 
-Sync and async differ only in the rollout source (SOURCES[cfg.mode]): the step itself is the
-same, and every batch carries the policy version that sampled it.
+Sync and async differ only in the rollout source (SOURCES[cfg.mode]; SOURCES["ray"] with
+`backend=Backend("ray", ...)`: async rollouts on Ray actors): the step itself is the same, and
+every batch carries the policy version that sampled it.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from bebop.model.checkpoint import load_model
 from bebop.policy import Policy, load_policy
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
-from bebop.rl.config import RLConfig
+from bebop.rl.config import Backend, RLConfig
 from bebop.rl.metrics import MetricsWriter, StepMetrics, require_tensorboard
 from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
+from bebop.rl.ray_backend import RaySource
 from bebop.rl.sampler import RolloutSampler
 from bebop.rl.source import Fetched, SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
@@ -41,7 +43,7 @@ from bebop.train_state import config_diff, rng_state, set_rng_state
 
 CONFIG_FILE = "config.json"
 FINAL_MODEL = "model"
-SOURCES = {"sync": SyncSource, "async": AsyncSource}
+SOURCES = {"sync": SyncSource, "async": AsyncSource, "ray": RaySource}
 
 
 def _prepare(out: Path, cfg: RLConfig, resume: bool) -> Checkpoint | None:
@@ -107,9 +109,10 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
 
 
 def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: bool = True,
-             tensorboard: bool = False, device: str = "auto") -> dict:
+             tensorboard: bool = False, device: str = "auto", backend: Backend = Backend()) -> dict:
     """Run (or resume) GRPO in `out`; return a summary of the last steps."""
     cfg.validate()
+    backend.validate(cfg)
     if tensorboard:
         require_tensorboard()
     out = Path(out)
@@ -127,8 +130,9 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
                             policy_version=ckpt.state["policy_version"] if ckpt else 0)
     online = make_online_mtp(policy, cfg)
     start, data_index = _restore(ckpt, trainer, online)
-    source = SOURCES[cfg.mode](sampler, policy.model, start_index=data_index, policy_version=trainer.policy_version,
-                               max_staleness=cfg.max_staleness)
+    source = SOURCES[backend.source(cfg.mode)](sampler, policy.model, start_index=data_index,
+                                               policy_version=trainer.policy_version,
+                                               max_staleness=cfg.max_staleness, **backend.source_options())
     writer = MetricsWriter(out, resume_step=start, tensorboard=tensorboard)
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"rl {cfg.task} {cfg.mode}",
                disable=not progress, file=sys.stderr)

@@ -1,0 +1,275 @@
+"""Rollouts on Ray: rollout workers are Ray actors, the learner stays in the driver process.
+
+    source = RaySource(sampler, model, start_index=0, policy_version=0, max_staleness=1, workers=2)
+    fetched = source.next_batch(trainer_version)   # the next batch in data order, fresh enough
+    source.publish(model, version)                 # trunk AND head: ray.put once, one ref for all
+    source.close()
+
+It is the third entry of the loop's source table (`bebop rl --backend ray`), with the verbs of the
+local async source (async_loop.AsyncSource) and its code: `is_fresh` (staleness rule),
+`sync_weights` (strict load, `mtp.*` included), `Fetched`. Metrics and checkpoints are the loop's.
+Ray is imported only here, and only when a RaySource is made: the local backends never import it.
+
+Glossary:
+    worker      a Ray actor (RolloutWorker) owning an engine (trunk + MTP head) and the sampler
+    data index  batch i of the run's prompt stream (a pure function of (seed, i): sampler.py)
+    issued      an index handed to exactly one worker; `pending` maps its result ref to the worker
+    ready       finished batches not yet consumed (they may finish out of order)
+
+Engines: every worker builds its engine from a state dict sent through the object store (the
+driver's current weights, head included), never from a model directory: a directory need not
+exist on other nodes, and a restarted worker must start from the newest weights anyway. Weights:
+`publish` puts the snapshot in the object store once; each worker gets that same ref with its next
+batch when it holds an older version (a worker that is busy loads it before its next batch, and
+a version it never sampled with is skipped instead of loaded).
+
+Order and staleness: batches are consumed strictly in data order, so the checkpointed data
+position (`next_index`) means "every index below it was trained on (or dropped as stale)", as in
+the local modes. A batch handed out now is trained on after the n batches issued before it (and
+after the one being trained, between next_batch and publish), so its staleness will be n (or
+n + 1): an idle worker gets an index only while that stays <= max_staleness. Hence at most
+max_staleness + 1 workers are ever busy (more is refused), nothing is sampled only to be dropped,
+and with max_staleness=0 the run is on-policy (a worker samples only between updates). The drop
+rule still guards the trainer.
+
+Fault tolerance: a worker that dies (its process killed, its node lost) fails its pending ref
+with RayActorError; the source starts a new actor with the current weights and issues the same
+index to it. An index is issued to one worker at a time and consumed once, so no batch is lost or
+trained on twice; an index that kills MAX_ATTEMPTS workers in a row is an error. An exception
+raised by the sampler itself (a bug, a bad task) is not retried: it is raised in the trainer.
+
+Connecting: without an address a local Ray is started (num_cpus=max(2, workers), no dashboard,
+worker logs kept out of the terminal, temp files under /tmp/bebop-ray) and shut down by close();
+with `address` ("auto", "HOST:PORT", "ray://HOST:PORT") an existing cluster is joined after a
+TCP probe of HOST:PORT (Ray itself retries an unreachable address for minutes). An already
+initialised Ray (ray.init called by the caller) is used as is and left running.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from bebop.errors import BebopError
+from bebop.model.qwen3 import CausalLM
+from bebop.rl.async_loop import is_fresh, sync_weights
+from bebop.rl.records import RolloutBatch
+from bebop.rl.sampler import RolloutSampler
+from bebop.rl.source import Fetched
+
+INSTALL_HINT = "--backend ray needs Ray: pip install 'bebop[ray]'"
+CONNECT_TIMEOUT_S = 5.0  # TCP probe of --ray-address
+START_TIMEOUT_S = 300.0  # a worker that is not up by then: the cluster lacks CPUs/GPUs, or the model is huge
+MAX_ATTEMPTS = 3  # workers one data index may kill before the run gives up
+LOCAL_TEMP_DIR = "/tmp/bebop-ray"
+
+
+def require_ray():
+    """The ray module, or a BebopError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise BebopError(INSTALL_HINT) from None
+    return ray
+
+
+def _probe(address: str) -> None:
+    """Fail fast with the address named when HOST:PORT accepts no TCP connection."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise BebopError(f"--ray-address {address!r} is not 'auto', HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise BebopError(f"cannot reach the Ray cluster at {address} ({exc}); is `ray start --head` running "
+                         f"there?") from None
+
+
+def connect(address: str | None, workers: int) -> bool:
+    """Start or join Ray; -> True when this call started it (and close() must shut it down)."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return False
+    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if address is None:
+        ray.init(num_cpus=max(2, workers), _temp_dir=LOCAL_TEMP_DIR, **quiet)
+        return True
+    _probe(address)
+    try:
+        ray.init(address=address, **quiet)
+    except ConnectionError as exc:
+        raise BebopError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
+    return True
+
+
+def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict (trunk and mtp.*) on the CPU, for ray.put (which copies it)."""
+    return {name: t.detach().cpu() for name, t in model.state_dict().items()}
+
+
+def build_engine(config, state: dict[str, torch.Tensor], device: torch.device) -> CausalLM:
+    """A rollout engine from a model config and a full state dict (head included when config has one)."""
+    with torch.device("meta"):
+        model = CausalLM(config)
+    # object-store tensors are read-only views: own a copy before the engine's weights alias them
+    model.load_state_dict({k: v.to(device, copy=True) for k, v in state.items()}, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval().requires_grad_(False)
+
+
+class RolloutWorker:
+    """One rollout actor: an engine (trunk + head) and the sampler. Made a Ray actor by RaySource."""
+
+    def __init__(self, sampler: RolloutSampler, config, state: dict[str, torch.Tensor], version: int) -> None:
+        import ray
+
+        device = torch.device("cuda" if ray.get_gpu_ids() else "cpu")
+        self.sampler, self.version = sampler, version
+        self.engine = build_engine(config, state, device)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def collect(self, index: int, version: int, state: dict[str, torch.Tensor] | None) -> RolloutBatch:
+        """Sample batch `index`; `state` (the weights of `version`) first, when the worker is behind."""
+        if state is not None:
+            sync_weights(self.engine, state)
+            self.version = version
+        return self.sampler.collect(self.engine, index=index, policy_version=self.version)
+
+
+@dataclass
+class Slot:
+    """The driver's view of one worker: the actor, the version it holds, whether it has an index."""
+
+    actor: object
+    version: int
+    busy: bool = False
+
+
+class RaySource:
+    def __init__(self, sampler: RolloutSampler, model: torch.nn.Module, *, start_index: int, policy_version: int = 0,
+                 max_staleness: int = 1, workers: int = 1, address: str | None = None) -> None:
+        if workers < 1 or workers > max_staleness + 1:
+            raise BebopError(f"--rollout-workers {workers} with --max-staleness {max_staleness}: at most "
+                             f"max_staleness + 1 = {max_staleness + 1} workers can sample batches that are fresh "
+                             f"enough; raise --max-staleness to {max(workers - 1, 0)} or use fewer workers")
+        self.ray = ray = require_ray()
+        self.slots: list[Slot] = []
+        self.owns_ray = connect(address, workers)
+        self.gpu = model.device.type == "cuda"
+        self.max_staleness, self.next_index, self.issue_index = max_staleness, start_index, start_index
+        self.config = model.config
+        self.actor_class = ray.remote(num_cpus=1, num_gpus=int(self.gpu), max_restarts=0)(RolloutWorker)
+        self.pending: dict[object, tuple[Slot, int]] = {}  # result ref -> (worker, data index)
+        self.ready: dict[int, RolloutBatch] = {}
+        self.attempts: dict[int, int] = {}  # data index -> workers it has killed
+        self.training = False  # between a returned batch and the next publish
+        self.restarts = 0
+        try:
+            self.sampler_ref = ray.put(sampler)
+            self.version, self.weights = policy_version, ray.put(cpu_state(model))
+            self.slots = [Slot(self._spawn(), policy_version) for _ in range(workers)]
+            self._await_started([s.actor for s in self.slots])
+        except BaseException:
+            self.close()
+            raise
+
+    # workers
+    def _spawn(self):
+        return self.actor_class.remote(self.sampler_ref, self.config, self.weights, self.version)
+
+    def _await_started(self, actors: list) -> None:
+        exc = self.ray.exceptions
+        try:
+            self.ray.get([a.pid.remote() for a in actors], timeout=START_TIMEOUT_S)
+        except exc.GetTimeoutError:
+            raise BebopError(f"rollout workers did not start within {START_TIMEOUT_S:.0f}s: does the Ray cluster have "
+                             f"a free CPU{' and GPU' if self.gpu else ''} per worker?") from None
+        except exc.RayActorError as err:
+            raise BebopError(f"a rollout worker failed to start: {err}") from None
+
+    def worker_pids(self) -> list[int]:
+        """The process id of every worker (tests kill them)."""
+        return self.ray.get([s.actor.pid.remote() for s in self.slots])
+
+    def _restart(self, slot: Slot, index: int, err: BaseException) -> None:
+        self.attempts[index] = self.attempts.get(index, 0) + 1
+        if self.attempts[index] >= MAX_ATTEMPTS:
+            raise BebopError(f"batch {index} killed {MAX_ATTEMPTS} rollout workers in a row; last: "
+                             f"{str(err).splitlines()[0] if str(err) else type(err).__name__}")
+        self.ray.kill(slot.actor, no_restart=True)
+        slot.actor, slot.version = self._spawn(), self.version
+        self._await_started([slot.actor])
+        self.restarts += 1
+        print(f"bebop: rollout worker {self.slots.index(slot)} died while sampling batch {index}; restarted it "
+              f"with the weights of version {self.version} and issued the batch again", file=sys.stderr)
+
+    def _issue(self, slot: Slot, index: int) -> None:
+        weights = self.weights if slot.version < self.version else None
+        ref = slot.actor.collect.remote(index, self.version, weights)
+        slot.version, slot.busy = self.version, True
+        self.pending[ref] = (slot, index)
+
+    def _fill(self) -> None:
+        """Hand indices to idle workers while the batches would still be fresh when trained on."""
+        for slot in self.slots:
+            staleness_then = len(self.pending) + len(self.ready) + self.training
+            if staleness_then > self.max_staleness:
+                return
+            if not slot.busy:
+                self._issue(slot, self.issue_index)
+                self.issue_index += 1
+
+    def _wait_for(self, index: int) -> RolloutBatch:
+        ray = self.ray
+        while index not in self.ready:
+            done, _ = ray.wait(list(self.pending), num_returns=1)
+            for ref in done:
+                slot, got = self.pending.pop(ref)
+                slot.busy = False
+                try:
+                    self.ready[got] = ray.get(ref)
+                except ray.exceptions.RayActorError as err:  # the worker died: same index, new worker
+                    self._restart(slot, got, err)
+                    self._issue(slot, got)
+                except ray.exceptions.RayTaskError as err:  # the sampler raised: the trainer's error
+                    raise err.as_instanceof_cause() from None
+        return self.ready.pop(index)
+
+    # trainer side
+    def next_batch(self, trainer_version: int) -> Fetched:
+        t0, dropped = time.perf_counter(), 0
+        self.training = False
+        while True:
+            self._fill()
+            head = min([i for _, i in self.pending.values()] + list(self.ready))
+            batch = self._wait_for(head)
+            if is_fresh(batch.policy_version, trainer_version, self.max_staleness):
+                self.next_index = batch.index + 1
+                self.training = True
+                self._fill()  # overlap: sample the next batch while this one is trained on, if fresh enough
+                return Fetched(batch, dropped, time.perf_counter() - t0)
+            dropped += 1
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        self.version, self.weights = version, self.ray.put(cpu_state(model))
+        self.training = False
+        self._fill()
+
+    def close(self) -> None:
+        for slot in self.slots:
+            self.ray.kill(slot.actor, no_restart=True)
+        self.slots, self.pending = [], {}
+        if self.owns_ray:
+            self.ray.shutdown()
+            self.owns_ray = False
