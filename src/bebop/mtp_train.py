@@ -53,6 +53,7 @@ class MTPTrainConfig:
     max_new_tokens: int = 192
     grad_clip: float = 1.0
     save_every: int = 100
+    ce_warmup_steps: int = 0  # train with ce first: the TV gradient vanishes where the draft gives ~0 mass
 
     def validate(self) -> None:
         if self.loss not in DRAFT_LOSSES:
@@ -61,6 +62,8 @@ class MTPTrainConfig:
             raise BebopError(f"--depths must be >= 1, got {self.depths}")
         if self.steps < 1 or self.batch_size < 1 or self.num_samples + self.num_demos < 1:
             raise BebopError("--steps, --batch-size and the number of sequences must be >= 1")
+        if not 0 <= self.ce_warmup_steps < self.steps:
+            raise BebopError(f"--ce-warmup-steps must be in [0, steps), got {self.ce_warmup_steps}")
         if not self.temperature > 0:
             raise BebopError(f"--temperature must be > 0 for training targets, got {self.temperature}")
 
@@ -86,8 +89,13 @@ def make_batch(seqs: list[Sequence], depths: int, pad_id: int) -> ChainBatch:
     return ChainBatch(ids, keep)
 
 
-def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig):
-    """The draft loss of one batch (gradient into the head only) -> DraftLossOutput."""
+def loss_at(step: int, cfg: MTPTrainConfig) -> str:
+    """The draft loss used at `step` (0-based): ce during the warm-up, then cfg.loss."""
+    return "ce" if step < cfg.ce_warmup_steps else cfg.loss
+
+
+def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig, loss: str | None = None):
+    """The draft loss (default cfg.loss) of one batch, gradient into the head only -> DraftLossOutput."""
     model = policy.model
     head = model.require_mtp()
     with torch.no_grad():
@@ -100,7 +108,7 @@ def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig):
     v = draft_logits.shape[-1]
     inputs = DraftLossInputs(draft_logits.reshape(-1, cfg.depths, v), targets.reshape(-1, cfg.depths, v),
                              batch.keep.reshape(-1))
-    return draft_loss(cfg.loss, inputs, chunk_size=max(1, LOSS_CHUNK_FLOATS // (cfg.depths * v)))
+    return draft_loss(loss or cfg.loss, inputs, chunk_size=max(1, LOSS_CHUNK_FLOATS // (cfg.depths * v)))
 
 
 def freeze_trunk(policy: Policy) -> list[torch.nn.Parameter]:
@@ -156,7 +164,7 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
         batch = make_batch([data[rng.randrange(len(data))] for _ in range(cfg.batch_size)], cfg.depths, policy.pad_id)
         for g in opt.param_groups:
             g["lr"] = cfg.lr * min(1.0, (step + 1) / 20)
-        result = chain_step(policy, batch, cfg)
+        result = chain_step(policy, batch, cfg, loss_at(step, cfg))
         opt.zero_grad(set_to_none=True)
         result.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)

@@ -43,6 +43,8 @@ def _add_study(mtp_sub) -> None:
     p.add_argument("--n", type=int, default=64, help="test prompts for evaluation")
     p.add_argument("--num-samples", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ce-warmup", type=float, default=0.0,
+                   help="fraction of steps the non-ce heads first train with ce (0 = from scratch)")
     p.set_defaults(func=run_study)
 
 
@@ -56,7 +58,7 @@ def run_study(args: argparse.Namespace) -> None:
         raise BebopError(f"unknown loss(es) {unknown}; choose from {', '.join(DRAFT_LOSSES)}")
     rows = run_loss_study(args.model, args.out, task=args.task, losses=losses, steps=args.steps, depths=args.depths,
                           k=args.k, temperature=args.temperature, n_eval=args.n, num_samples=args.num_samples,
-                          seed=args.seed)
+                          seed=args.seed, ce_warmup=args.ce_warmup)
     for row in rows:
         print(json.dumps(row))
 
@@ -78,6 +80,8 @@ def _add_train(mtp_sub) -> None:
     p.add_argument("--num-samples", type=int, default=d.num_samples, help="self-distillation samples")
     p.add_argument("--num-demos", type=int, default=d.num_demos, help="task demonstrations mixed in")
     p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--ce-warmup-steps", type=int, default=d.ce_warmup_steps,
+                   help="train with ce for the first N steps, then with --loss")
     p.add_argument("--out", help="write the trained model here (default: into --model)")
     p.add_argument("--resume", action="store_true")
     p.set_defaults(func=run_train)
@@ -88,7 +92,8 @@ def run_train(args: argparse.Namespace) -> None:
 
     cfg = MTPTrainConfig(loss=args.loss, depths=args.depths, steps=args.steps, lr=args.lr,
                          batch_size=args.batch_size, temperature=args.temperature, seed=args.seed, task=args.task,
-                         num_samples=args.num_samples, num_demos=args.num_demos, save_every=args.save_every)
+                         num_samples=args.num_samples, num_demos=args.num_demos, save_every=args.save_every,
+                         ce_warmup_steps=args.ce_warmup_steps)
     print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume)))
 
 

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from bebop.fileio import atomic_write_json, atomic_write_text
 from bebop.model.checkpoint import save_model
 from bebop.mtp_eval import evaluate_mtp
-from bebop.mtp_train import MTPTrainConfig, train_mtp
+from bebop.mtp_train import STATE_FILE, MTPTrainConfig, train_mtp
 from bebop.policy import load_policy
 from bebop.tasks import get_task
 
@@ -38,20 +39,32 @@ def headed_copy(policy_dir: Path, dst: Path, seed: int) -> None:
     save_model(policy.model, dst)
 
 
+def _same_config(head_dir: Path, cfg: MTPTrainConfig) -> bool:
+    return torch.load(head_dir / STATE_FILE, weights_only=False)["config"] == asdict(cfg)
+
+
+def _finished(head_dir: Path, cfg: MTPTrainConfig) -> bool:
+    """A head already trained with exactly this config (a rerun of the study reuses it)."""
+    return ((head_dir / STATE_FILE).is_file() and _same_config(head_dir, cfg)
+            and torch.load(head_dir / STATE_FILE, weights_only=False)["step"] >= cfg.steps)
+
+
 def run_loss_study(policy_dir: str | Path, out: str | Path, *, task: str, losses: Sequence[str] = LOSSES,
                    steps: int = 200, depths: int = 5, k: int = 3, temperature: float = 1.0, n_eval: int = 64,
-                   num_samples: int = 512, seed: int = 0, progress: bool = True) -> list[dict]:
+                   num_samples: int = 512, seed: int = 0, ce_warmup: float = 0.0,
+                   progress: bool = True) -> list[dict]:
     policy_dir, out = Path(policy_dir), Path(out)
     data_cache = out / "mtp_data"
     rows = []
     for loss in losses:
         head_dir = out / "heads" / loss
-        if not (head_dir / "mtp_train_state.pt").is_file() or \
-                torch.load(head_dir / "mtp_train_state.pt", weights_only=False)["step"] < steps:
+        warmup = 0 if loss == "ce" else int(ce_warmup * steps)
+        cfg = MTPTrainConfig(loss=loss, depths=depths, steps=steps, temperature=temperature, seed=seed,
+                             task=task, num_samples=num_samples, ce_warmup_steps=warmup)
+        if not _finished(head_dir, cfg):
             headed_copy(policy_dir, out / "init", seed)
-            cfg = MTPTrainConfig(loss=loss, depths=depths, steps=steps, temperature=temperature, seed=seed,
-                                 task=task, num_samples=num_samples)
-            train_mtp(out / "init", cfg, out=head_dir, progress=progress, data_cache=data_cache)
+            resume = (head_dir / STATE_FILE).is_file() and _same_config(head_dir, cfg)
+            train_mtp(out / "init", cfg, out=head_dir, progress=progress, data_cache=data_cache, resume=resume)
         evals = evaluate_mtp(load_policy(head_dir, device="cpu"), get_task(task), k=k, temperatures=[temperature],
                              modes=["rs", "to"], n=n_eval, seed=seed, progress=progress)
         by_mode = {e["mode"]: e for e in evals}
@@ -62,7 +75,7 @@ def run_loss_study(policy_dir: str | Path, out: str | Path, *, task: str, losses
                      "rs_per_position": by_mode["rs"]["acceptance_rate_per_position"],
                      "mean_entropy": by_mode["rs"]["mean_entropy"], "pass_rate": by_mode["rs"]["pass_rate"]})
     meta = {"task": task, "steps": steps, "depths": depths, "k": k, "temperature": temperature, "n_eval": n_eval,
-            "num_samples": num_samples, "seed": seed, "command": " ".join(shlex.quote(a) for a in sys.argv)}
+            "num_samples": num_samples, "seed": seed, "ce_warmup": ce_warmup, "command": " ".join(shlex.quote(a) for a in sys.argv)}
     atomic_write_json(out / "loss_table.json", {"meta": meta, "rows": rows})
     atomic_write_text(out / "loss_table.md", render_table(meta, rows))
     return rows
@@ -72,7 +85,9 @@ def render_table(meta: dict, rows: list[dict]) -> str:
     base = next((r for r in rows if r["loss"] == "ce"), rows[0])
     lines = [f"# Loss study: {meta['task']}, K={meta['k']}, T={meta['temperature']:g}", "",
              f"Heads trained {meta['steps']} steps over {meta['depths']} depths on {meta['num_samples']} "
-             f"self-distilled samples (seed {meta['seed']}); acceptance measured by speculative generation on "
+             f"self-distilled samples (seed {meta['seed']}"
+             + (f"; non-ce heads: ce for the first {meta['ce_warmup']:.0%} of steps" if meta.get("ce_warmup") else "")
+             + "); acceptance measured by speculative generation on "
              f"{meta['n_eval']} test prompts (vLLM definitions: accepted / drafted tokens).", "",
              "| loss | RS acceptance | vs ce | TO acceptance | vs ce | RS mean accept length | RS per position |",
              "|---|---|---|---|---|---|---|"]
