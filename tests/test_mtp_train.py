@@ -143,3 +143,12 @@ def test_loss_study_writes_a_table_from_its_runs(headed_model, tmp_path):
              for loss in ("ce", "e2e_tv")]
     assert first[0]["num_chains"] == first[1]["num_chains"]
     assert first[0]["acceptance_per_depth"] == first[1]["acceptance_per_depth"]
+
+
+def test_ce_warmup_switches_loss_once():
+    from bebop.mtp_train import loss_at
+
+    cfg = _cfg(loss="e2e_tv", steps=10, ce_warmup_steps=4)
+    assert [loss_at(s, cfg) for s in range(10)] == ["ce"] * 4 + ["e2e_tv"] * 6
+    with pytest.raises(BebopError, match="ce-warmup"):
+        _cfg(steps=10, ce_warmup_steps=10).validate()
