@@ -95,9 +95,11 @@ class Backend:
             raise BebopError(f"--rollout-workers {self.rollout_workers} with --max-staleness {cfg.max_staleness}: "
                              f"between 1 and max_staleness + 1 = {cfg.max_staleness + 1} workers can sample batches "
                              f"fresh enough to train on; raise --max-staleness or use fewer workers")
-        from bebop.rl.ray_backend import require_ray
+        from bebop.rl.ray_backend import probe_address, require_ray
 
         require_ray()
+        if self.ray_address is not None:
+            probe_address(self.ray_address)  # before anything is written to the run directory
 
     def source(self, mode: str) -> str:
         """The loop's SOURCES key."""

@@ -78,7 +78,7 @@ def require_ray():
     return ray
 
 
-def _probe(address: str) -> None:
+def probe_address(address: str) -> None:
     """Fail fast with the address named when HOST:PORT accepts no TCP connection."""
     if address in ("auto", "local"):
         return
@@ -102,7 +102,7 @@ def connect(address: str | None, workers: int) -> bool:
     if address is None:
         ray.init(num_cpus=max(2, workers), _temp_dir=LOCAL_TEMP_DIR, **quiet)
         return True
-    _probe(address)
+    probe_address(address)
     try:
         ray.init(address=address, **quiet)
     except ConnectionError as exc:
