@@ -137,6 +137,15 @@ def test_ray_and_local_async_sample_the_same_rollout_distribution(headed, tmp_pa
     assert all(r["mean_acceptance_length"] > 1.0 and r["dropped"] == 0 for r in remote)
 
 
+def test_more_workers_than_the_cluster_has_cpus_is_refused_at_once(headed, ray_session):
+    from bebop.rl.ray_backend import RaySource
+
+    policy = load_policy(headed, device="cpu")
+    sampler = RolloutSampler(get_task("math"), policy.codec, _cfg(headed, mode="async"))
+    with pytest.raises(BebopError, match="3 rollout workers need 3 CPUs but the Ray cluster has 2"):
+        RaySource(sampler, policy.model, start_index=0, max_staleness=2, workers=3)
+
+
 def _metrics_of(summary):
     return _metrics(Path(summary["run_dir"]))
 

@@ -42,7 +42,9 @@ Connecting: without an address a local Ray is started (num_cpus=max(2, workers),
 worker logs kept out of the terminal, temp files under /tmp/bebop-ray) and shut down by close();
 with `address` ("auto", "HOST:PORT", "ray://HOST:PORT") an existing cluster is joined after a
 TCP probe of HOST:PORT (Ray itself retries an unreachable address for minutes). An already
-initialised Ray (ray.init called by the caller) is used as is and left running.
+initialised Ray (ray.init called by the caller) is used as is and left running. Workers the
+cluster can never place (more than its CPUs, or GPUs when the learner is on CUDA) are refused at
+once (a static cluster is assumed: an autoscaler would add nodes later).
 """
 
 from __future__ import annotations
@@ -106,8 +108,16 @@ def connect(address: str | None, workers: int) -> bool:
     try:
         ray.init(address=address, **quiet)
     except ConnectionError as exc:
-        raise BebopError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
+        raise BebopError(f"cannot connect to the Ray cluster at {address}: {exc}{_root_cause(exc)}") from None
     return True
+
+
+def _root_cause(exc: BaseException) -> str:
+    """'; <last line of the innermost cause>' (Ray's ConnectionError hides why), or ''."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"; {lines[-1][:300]}" if lines else ""
 
 
 def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -176,6 +186,7 @@ class RaySource:
         self.training = False  # between a returned batch and the next publish
         self.restarts = 0
         try:
+            self._check_resources(workers)
             self.sampler_ref = ray.put(sampler)
             self.version, self.weights = policy_version, ray.put(cpu_state(model))
             self.slots = [Slot(self._spawn(), policy_version) for _ in range(workers)]
@@ -187,6 +198,14 @@ class RaySource:
     # workers
     def _spawn(self):
         return self.actor_class.remote(self.sampler_ref, self.config, self.weights, self.version)
+
+    def _check_resources(self, workers: int) -> None:
+        """Refuse at once what the cluster can never schedule (one CPU, and a GPU with CUDA, per worker)."""
+        have = self.ray.cluster_resources()
+        for name, need in (("CPU", workers), ("GPU", workers * self.gpu)):
+            if need > have.get(name, 0):
+                raise BebopError(f"{workers} rollout workers need {need} {name}s but the Ray cluster has "
+                                 f"{have.get(name, 0):g}; use fewer --rollout-workers or add nodes")
 
     def _await_started(self, actors: list) -> None:
         exc = self.ray.exceptions
