@@ -69,6 +69,7 @@ class DemoConfig:
     # 2. heads: same init, data, steps and seed for every loss
     losses: tuple = ("ce", "e2e_tv")
     head_steps: int = 100
+    head_ce_warmup: float = 0.5  # non-ce heads train with ce first (docs/results/loss-math-*.md)
     head_depths: int = 5
     head_batch_size: int = 16
     head_samples: int = 192  # self-distillation samples
@@ -124,7 +125,8 @@ class DemoConfig:
         return {loss: MTPTrainConfig(loss=loss, depths=self.head_depths, steps=self.head_steps,
                                      batch_size=self.head_batch_size, seed=self.seed, task=self.task,
                                      num_samples=self.head_samples, max_new_tokens=self.head_max_new_tokens,
-                                     save_every=max(1, self.head_steps // 3))
+                                     save_every=max(1, self.head_steps // 3),
+                                     ce_warmup_steps=0 if loss == "ce" else int(self.head_ce_warmup * self.head_steps))
                 for loss in self.losses}
 
     def rl_configs(self, model: Path) -> dict[tuple[str, str], RLConfig]:
