@@ -185,7 +185,10 @@ def test_a_killed_worker_is_restarted_with_the_current_weights(headed, ray_sessi
     # the new worker sampled with the current trunk AND head: the same rollouts as this process
     here = RolloutSampler(get_task("math"), policy.codec, cfg).collect(policy.model, index=1, policy_version=1)
     assert [r.token_ids for r in second.batch.rollouts] == [r.token_ids for r in here.rollouts]
-    assert second.batch.spec.to_dict() == here.spec.to_dict()
+    got, want = second.batch.spec.to_dict(), here.spec.to_dict()
+    # counts are exact; the entropy is a float sum from another process's kernels (thread counts may differ)
+    assert got.pop("mean_entropy") == pytest.approx(want.pop("mean_entropy"), rel=1e-6)
+    assert got == want
 
 
 class FlakyTask(DigitTask):
