@@ -74,29 +74,21 @@ def _run_demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bebop.commands import eval as eval_cmd, mtp as mtp_cmd, report as report_cmd, rl as rl_cmd, sft as sft_cmd
+    from bebop.tasks.cli import register as register_tasks
+
     parser = argparse.ArgumentParser(prog="bebop", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_init(sub)
     _add_demo(sub)
-    from bebop.commands import eval as eval_cmd, mtp as mtp_cmd, sft as sft_cmd
-
     sft_cmd.add_parser(sub)
-    mtp_cmd.add_parser(sub)
     eval_cmd.add_parser(sub, add_device_args)
-    from bebop.commands import rl as rl_cmd
+    register_tasks(sub)  # tasks sample / score live beside their concept (tasks/cli.py)
+    mtp_cmd.add_parser(sub)
     rl_cmd.add_parser(sub)
-    from bebop.commands import report as report_cmd
     report_cmd.add_parser(sub)
-    _register_optional(sub)
     return parser
-
-
-def _register_optional(sub: argparse._SubParsersAction) -> None:
-    """Subcommands that live beside their concept (tasks/cli.py, ...)."""
-    from bebop.tasks.cli import register as register_tasks
-
-    register_tasks(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
