@@ -37,7 +37,7 @@ from bebop.train_state import config_diff, load_train_state, rng_state, save_tra
 IGNORE = -100
 META_FILE = "sft_meta.json"
 # steps per task so that the test pass rate at temperature 1 lands in 20-70% (docs/results/policies.md)
-DEFAULT_STEPS = {"math": 650, "code": 450, "agent": 600, "mix": 650}
+DEFAULT_STEPS = {"math": 650, "code": 450, "agent": 500, "mix": 650}
 
 
 @dataclass(frozen=True)
