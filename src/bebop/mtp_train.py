@@ -31,7 +31,8 @@ from bebop.mtp_chain import chain_forward, shifted
 from bebop.mtp_data import Sequence, demonstration_data, selfdistill_data
 from bebop.policy import Policy, load_policy
 from bebop.tasks import get_task
-from bebop.train_state import config_diff, load_train_state, rng_state, save_train_state, set_rng_state
+from bebop.tokenizer import copy_tokenizer_files
+from bebop.train_state import check_same_config, load_train_state, rng_state, save_train_state, set_rng_state
 
 STATE_FILE = "mtp_train_state.pt"
 LOSS_CHUNK_FLOATS = 1 << 22  # loss temporaries per chunk: ~16 MB of float32 (5 chains at K=5, V=151k)
@@ -141,8 +142,8 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     policy = load_policy(source, device="cpu")
     policy.model.require_mtp()
     state = load_train_state(out, STATE_FILE) if resume else None
-    if state is not None and (diff := config_diff(state["config"], asdict(cfg))):
-        raise BebopError(f"cannot resume {out}: config differs in {', '.join(diff)}")
+    if state is not None:
+        check_same_config(state["config"], asdict(cfg), out)
     params = freeze_trunk(policy)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
     data = load_data(policy, cfg, Path(data_cache or Path(model_dir) / "mtp_data"), progress)
@@ -154,7 +155,7 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
         start = state["step"]
     elif out != Path(model_dir):
         save_model(policy.model, out)
-        _copy_tokenizer(Path(model_dir), out)
+        copy_tokenizer_files(model_dir, out)
     lines = _read_lines(out / METRICS_FILE)[:start]
     policy.model.train()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}",
@@ -187,9 +188,3 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
 
 def _read_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.is_file() else []
-
-
-def _copy_tokenizer(src: Path, dst: Path) -> None:
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (src / name).is_file():
-            atomic_write_text(dst / name, (src / name).read_text())

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from bebop.engine import Generation, generate
-from bebop.engine.records import FINISH_STOP
 from bebop.errors import BebopError
 from bebop.policy import Policy
 from bebop.sampling import SamplingParams
@@ -30,11 +29,6 @@ class Episode:
     generation: Generation
     completion: str  # the transcript after the prompt (observations included, stop token excluded)
     reward: float
-
-
-def completion_ids(gen: Generation) -> list[int]:
-    """The generated ids without the final stop token."""
-    return gen.token_ids[:-1] if gen.finish_reason == FINISH_STOP else list(gen.token_ids)
 
 
 def make_observer(policy: Policy, task: Task, problems: Sequence[Problem]) -> Callable[[int, list[int]], list[int] | None]:
@@ -69,7 +63,7 @@ def run_episodes(policy: Policy, task: Task, problems: Sequence[Problem], *, sam
                            observer=make_observer(policy, task, chunk),
                            interrupt_ids=[interrupt] if interrupt is not None else [])
         for problem, gen in zip(chunk, gens):
-            text = policy.codec.decode(completion_ids(gen))
+            text = policy.codec.decode(gen.completion_ids)
             episodes.append(Episode(problem, gen, text, task.score(problem, text)))
         if on_batch:
             on_batch(len(chunk))

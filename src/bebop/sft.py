@@ -32,7 +32,7 @@ from bebop.model.checkpoint import save_model
 from bebop.policy import Policy, load_policy
 from bebop.tasks import Problem, Task, get_task
 from bebop.tokenizer import TextCodec
-from bebop.train_state import config_diff, load_train_state, rng_state, save_train_state, set_rng_state
+from bebop.train_state import check_same_config, load_train_state, rng_state, save_train_state, set_rng_state
 
 IGNORE = -100
 META_FILE = "sft_meta.json"
@@ -111,9 +111,7 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
 def _prepare(out: Path, cfg: SFTConfig, resume: bool) -> dict | None:
     if resume:
         state = load_train_state(out)
-        diff = config_diff(state["config"], asdict(cfg))
-        if diff:
-            raise BebopError(f"cannot resume {out}: config differs in {', '.join(diff)}")
+        check_same_config(state["config"], asdict(cfg), out)
         return state
     if (out / "config.json").exists():
         raise BebopError(f"{out} already holds a model; pass --resume to continue it or choose another --out")

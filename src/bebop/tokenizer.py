@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models
 
 from bebop.errors import BebopError
-from bebop.fileio import atomic_write_text
+from bebop.fileio import atomic_write, atomic_write_text
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>", "<call>", "</call>", "<obs>", "</obs>")
 ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
@@ -88,6 +89,18 @@ def load_tokenizer(model_dir: str | os.PathLike, eos_id: int | None = None) -> T
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BebopError(f"cannot read {path}: {first}") from None
     return codec_from_tokenizer(tok, eos_id)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "generation_config.json")
+
+
+def copy_tokenizer_files(source_dir: str | os.PathLike, model_dir: str | os.PathLike) -> None:
+    """Copy the tokenizer (and generation config) files a model directory has into another, atomically."""
+    for name in TOKENIZER_FILES:
+        src = Path(source_dir) / name
+        if src.is_file():
+            atomic_write(Path(model_dir) / name, lambda tmp, src=src: shutil.copyfile(src, tmp))
 
 
 def save_tokenizer(tok: Tokenizer, model_dir: str | os.PathLike) -> None:

@@ -24,9 +24,11 @@ def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
-def config_diff(saved: dict, current: dict) -> list[str]:
-    """Names of the fields whose values differ between two config dicts."""
-    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+def check_same_config(saved: dict, current: dict, run_dir: str | os.PathLike) -> None:
+    """Refuse to resume `run_dir` with another config, naming the fields that differ."""
+    diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if diff:
+        raise BebopError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
 
 
 def set_rng_state(state: dict) -> None:

@@ -63,8 +63,7 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
             gens, batch_metrics = speculative_generate(policy.model, ids, k=args.k, mode=args.spec, **common)
             metrics = metrics.merge(batch_metrics)
         for text, gen in zip(texts, gens):
-            body = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
-            rows.append({"prompt": text, "completion": policy.codec.decode(body), "token_ids": gen.token_ids,
+            rows.append({"prompt": text, "completion": policy.codec.decode(gen.completion_ids), "token_ids": gen.token_ids,
                          "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
     return rows, metrics
 

@@ -31,5 +31,10 @@ class Generation:
         return self.finish_reason is not None
 
     @property
+    def completion_ids(self) -> list[int]:
+        """The generated ids without the final stop token (what a completion's text decodes)."""
+        return self.token_ids[:-1] if self.finish_reason == FINISH_STOP else list(self.token_ids)
+
+    @property
     def num_policy_tokens(self) -> int:
         return sum(self.policy_mask)

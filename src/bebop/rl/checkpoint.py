@@ -20,14 +20,13 @@ import torch
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_text
 from bebop.model.checkpoint import save_model
+from bebop.tokenizer import copy_tokenizer_files
 from bebop.train_state import load_train_state, save_train_state
 
 LATEST = "LATEST"
 PREFIX = "ckpt-"
 STATE_FILE = "state.pt"
 MODEL_DIR = "model"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "generation_config.json")
 
 
 @dataclass
@@ -40,16 +39,10 @@ class Checkpoint:
         return self.path / MODEL_DIR
 
 
-def copy_tokenizer(source_dir: Path, model_dir: Path) -> None:
-    for name in TOKENIZER_FILES:
-        if (Path(source_dir) / name).is_file():
-            shutil.copyfile(Path(source_dir) / name, model_dir / name)
-
-
 def write_model_dir(model: torch.nn.Module, source_dir: Path, model_dir: Path) -> None:
     """A loadable model directory: weights (trunk + mtp.*), config, the source's tokenizer files."""
     save_model(model, model_dir)
-    copy_tokenizer(source_dir, model_dir)
+    copy_tokenizer_files(source_dir, model_dir)
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, source_dir: str | Path,

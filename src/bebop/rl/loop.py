@@ -39,7 +39,7 @@ from bebop.rl.sampler import RolloutSampler
 from bebop.rl.source import Fetched, SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
 from bebop.tasks import get_task
-from bebop.train_state import config_diff, rng_state, set_rng_state
+from bebop.train_state import check_same_config, rng_state, set_rng_state
 
 CONFIG_FILE = "config.json"
 FINAL_MODEL = "model"
@@ -55,9 +55,7 @@ def _prepare(out: Path, cfg: RLConfig, resume: bool) -> Checkpoint | None:
         return None
     if not saved_cfg.exists():
         raise BebopError(f"nothing to resume: no {CONFIG_FILE} in {out}")
-    diff = config_diff(json.loads(saved_cfg.read_text()), asdict(cfg))
-    if diff:
-        raise BebopError(f"cannot resume {out}: config differs in {', '.join(diff)}")
+    check_same_config(json.loads(saved_cfg.read_text()), asdict(cfg), out)
     return load_checkpoint(out)
 
 

@@ -39,14 +39,12 @@ def headed_copy(policy_dir: Path, dst: Path, seed: int) -> None:
     save_model(policy.model, dst)
 
 
-def _same_config(head_dir: Path, cfg: MTPTrainConfig) -> bool:
-    return torch.load(head_dir / STATE_FILE, weights_only=False)["config"] == asdict(cfg)
-
-
-def _finished(head_dir: Path, cfg: MTPTrainConfig) -> bool:
-    """A head already trained with exactly this config (a rerun of the study reuses it)."""
-    return ((head_dir / STATE_FILE).is_file() and _same_config(head_dir, cfg)
-            and torch.load(head_dir / STATE_FILE, weights_only=False)["step"] >= cfg.steps)
+def _saved_step(head_dir: Path, cfg: MTPTrainConfig) -> int | None:
+    """The step a head trained with exactly this config reached, or None (absent / other config)."""
+    if not (head_dir / STATE_FILE).is_file():
+        return None
+    state = torch.load(head_dir / STATE_FILE, weights_only=False)
+    return state["step"] if state["config"] == asdict(cfg) else None
 
 
 def run_loss_study(policy_dir: str | Path, out: str | Path, *, task: str, losses: Sequence[str] = LOSSES,
@@ -61,10 +59,11 @@ def run_loss_study(policy_dir: str | Path, out: str | Path, *, task: str, losses
         warmup = 0 if loss == "ce" else int(ce_warmup * steps)
         cfg = MTPTrainConfig(loss=loss, depths=depths, steps=steps, temperature=temperature, seed=seed,
                              task=task, num_samples=num_samples, ce_warmup_steps=warmup)
-        if not _finished(head_dir, cfg):
+        step = _saved_step(head_dir, cfg)  # a rerun of the study reuses (or resumes) a head with this config
+        if step is None or step < steps:
             headed_copy(policy_dir, out / "init", seed)
-            resume = (head_dir / STATE_FILE).is_file() and _same_config(head_dir, cfg)
-            train_mtp(out / "init", cfg, out=head_dir, progress=progress, data_cache=data_cache, resume=resume)
+            train_mtp(out / "init", cfg, out=head_dir, progress=progress, data_cache=data_cache,
+                      resume=step is not None)
         evals = evaluate_mtp(load_policy(head_dir, device="cpu"), get_task(task), k=k, temperatures=[temperature],
                              modes=["rs", "to"], n=n_eval, seed=seed, progress=progress)
         by_mode = {e["mode"]: e for e in evals}
