@@ -13,6 +13,7 @@ from bebop.tokenizer import ALPHABET, build_char_tokenizer, codec_from_tokenizer
 
 GENERATED = ("math", "code", "agent")
 CODEC = codec_from_tokenizer(build_char_tokenizer())
+CONTEXT = 512  # the embedded model's context (tokens)
 
 
 def n_tokens(text: str) -> int:
@@ -50,8 +51,10 @@ def test_text_is_short_printable_ascii(name, difficulty):
         for tag in ("<call>", "</call>", "<obs>", "</obs>"):
             demo = demo.replace(tag, "")
         assert set(problem.prompt + demo) <= allowed
-        assert n_tokens(problem.prompt) <= 100, problem.prompt
-        assert n_tokens(task.demonstration(problem, rng)) <= 150
+        assert n_tokens(problem.prompt) <= 160, problem.prompt
+        demo = task.demonstration(problem, rng)
+        assert n_tokens(demo) <= 400, demo
+        assert n_tokens(problem.prompt) + n_tokens(demo) + 1 <= CONTEXT - 16, demo
 
 
 @pytest.mark.parametrize("name", TASK_NAMES)

@@ -16,7 +16,12 @@ Demonstrations vary the order of lookups, optional notes between calls, whether 
 arithmetic is done with `calc` or written out (one line or step by step), operand order,
 and the closing line.
 
-Difficulty 1: one or two items per question; 2: two; 3: two or three, bigger numbers.
+Length distribution: questions about several items ("cost", "stock") ask about a
+long-tailed number of them (base.long_tail_count): mostly one or two, a few up to
+MAX_ITEMS, each a lookup call, so transcripts have a long tail (at most ~320 characters).
+
+Difficulty 1 (the default): 1-6 items, P(n) proportional to 0.5 ** (n - 1); 2: 2-6, 0.6;
+3: 2-6, 0.65, bigger numbers. The shop holds DB_SIZE items, so some are never asked about.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import random
 from dataclasses import dataclass
 
 from bebop.tasks.base import (DEFAULT_DIFFICULTY, MAX_COMPLETION_CHARS, Problem,
-                              check_difficulty, draw_split, final_answer, load_truth, spaced)
+                              check_difficulty, draw_split, final_answer, load_truth,
+                              long_tail_count, spaced)
 from bebop.tasks.code_lang import CodeError, evaluate_expression
 
 CALL, END_CALL, OBS, END_OBS = "<call>", "</call>", "<obs>", "</obs>"
@@ -36,8 +42,21 @@ ITEMS = ("pen", "cup", "hat", "map", "box", "key", "jar", "bag", "mug", "toy")
 KINDS = ("cost", "worth", "stock", "left")
 NOTES = ("", "", "", "Look up.\n", "Need facts.\n")
 
-# difficulty -> (min items asked about, max items, max price, max stock)
-LEVELS = {1: (1, 2, 9, 9), 2: (2, 2, 9, 12), 3: (2, 3, 12, 20)}
+DB_SIZE = 8
+MAX_ITEMS = 6  # the most items a question names: their lookups and a calc stay < MAX_CALLS
+
+
+@dataclass(frozen=True)
+class Level:
+    min_items: int  # items a "cost" or "stock" question names: min_items..max_items,
+    max_items: int  # long-tailed: P(n) proportional to ratio ** (n - min_items)
+    ratio: float
+    max_price: int
+    max_stock: int
+
+
+LEVELS = {1: Level(1, MAX_ITEMS, 0.5, 9, 9), 2: Level(2, MAX_ITEMS, 0.6, 9, 12),
+          3: Level(2, MAX_ITEMS, 0.65, 12, 20)}
 
 
 @dataclass(frozen=True)
@@ -48,28 +67,34 @@ class Question:
 
 
 def _draw_db(rng: random.Random, difficulty: int) -> dict[str, list[int]]:
-    _, _, max_price, max_stock = LEVELS[difficulty]
-    names = rng.sample(ITEMS, 4)
-    return {name: [rng.randint(1, max_price), rng.randint(2, max_stock)] for name in names}
+    level = LEVELS[difficulty]
+    names = rng.sample(ITEMS, DB_SIZE)
+    return {name: [rng.randint(1, level.max_price), rng.randint(2, level.max_stock)]
+            for name in names}
 
 
 def _draw_question(rng: random.Random, db: dict[str, list[int]], difficulty: int) -> Question:
-    lo, hi, _, _ = LEVELS[difficulty]
+    level = LEVELS[difficulty]
     kind = rng.choice(KINDS)
     if kind in ("worth", "left"):
         item = rng.choice(sorted(db))
         qtys = (rng.randint(1, db[item][1]),) if kind == "left" else ()
         return Question(kind, (item,), qtys)
-    lo = max(lo, 2) if kind == "stock" else lo  # one item's stock would need no arithmetic
-    items = tuple(rng.sample(sorted(db), rng.randint(lo, max(lo, hi))))
+    lo = max(level.min_items, 2) if kind == "stock" else level.min_items  # one stock: no sum
+    items = tuple(rng.sample(sorted(db), long_tail_count(rng, lo, level.max_items, level.ratio)))
     qtys = tuple(rng.randint(1, 5) for _ in items) if kind == "cost" else ()
     return Question(kind, items, qtys)
 
 
+def _listing(parts: list[str]) -> str:
+    """'pen', 'pen and cup', 'pen, cup and hat'."""
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + f" and {parts[-1]}"
+
+
 def _prompt(q: Question) -> str:
-    listing = " and ".join(q.items)
+    listing = _listing(list(q.items))
     if q.kind == "cost":
-        listing = " and ".join(f"{n} {item}" for n, item in zip(q.qtys, q.items))
+        listing = _listing([f"{n} {item}" for n, item in zip(q.qtys, q.items)])
         return f"How much for {listing}?\n"
     if q.kind == "worth":
         return f"What is the stock of {q.items[0]} worth?\n"

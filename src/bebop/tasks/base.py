@@ -20,7 +20,7 @@ from bebop.errors import BebopError
 
 SPLITS = ("train", "test")
 TEST_PERCENT = 20  # share of the canonical-problem space that is held out for test
-MAX_COMPLETION_CHARS = 4096  # our tasks' completions are ~150 chars; longer ones score 0
+MAX_COMPLETION_CHARS = 4096  # our tasks' completions are at most ~350 chars; longer ones score 0
 DEFAULT_DIFFICULTY = 1
 DIFFICULTIES = (1, 2, 3)
 
@@ -106,6 +106,18 @@ def final_answer(text: str) -> int | None:
 
 def score_final_answer(completion: str, expected: int) -> float:
     return 1.0 if final_answer(completion) == expected else 0.0
+
+
+def long_tail_count(rng: random.Random, lo: int, hi: int, ratio: float) -> int:
+    """A count in lo..hi with P(n) proportional to ratio ** (n - lo): a truncated geometric.
+
+    With ratio < 1 most draws are small and a few are large -- the long tail of response
+    lengths that real reasoning rollouts have. Uses one rng.random() call.
+    """
+    if not (lo <= hi and 0 < ratio):
+        raise BebopError(f"long-tail count needs lo <= hi and ratio > 0, got {lo}, {hi}, {ratio}")
+    counts = range(lo, hi + 1)
+    return rng.choices(counts, weights=[ratio ** (n - lo) for n in counts])[0]
 
 
 def spaced(rng: random.Random) -> Callable[[str], str]:

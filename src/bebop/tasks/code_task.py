@@ -10,7 +10,13 @@ Demonstrations vary: one `ret` expression or several assignments, commuted opera
 variable name, `rep` loops in place of small additions and multiplications, spacing, and
 newline or ';' separators.
 
-Difficulty 1: 1-2 steps; 2: 2-3 steps; 3: 2-4 steps, which may include "square it".
+Length distribution: the number of steps is a truncated geometric (base.long_tail_count):
+most functions take 1-2 steps, a few take up to MAX_STEPS, so programs have a long tail
+too (at most ~150 characters). Multiplications are swapped for additions where a value
+would pass MAX_VALUE on a hidden input, so every program runs well inside code_lang's limits.
+
+Difficulty 1 (the default): 1-8 steps, P(n) proportional to 0.6 ** (n - 1); 2: 2-8 steps,
+0.7; 3: 2-8 steps, 0.75, which may include "square it".
 """
 
 from __future__ import annotations
@@ -19,19 +25,23 @@ import json
 import random
 
 from bebop.tasks.base import (DEFAULT_DIFFICULTY, MAX_COMPLETION_CHARS, Problem,
-                              check_difficulty, draw_split, load_truth, spaced)
+                              check_difficulty, draw_split, load_truth, long_tail_count,
+                              spaced)
 from bebop.tasks.code_lang import CodeError, parse_program, run_program
 
 Op = tuple[str, int]  # ("add" | "sub" | "mul" | "sq", constant)
 HIDDEN_INPUTS = (0, 1, 3, 6, 10)
+EXAMPLE_INPUTS = (1, 2, 3, 4, 5)  # the prompt's worked example f(x) uses one of these
+MAX_STEPS = 8
+MAX_VALUE = 10**6  # the largest magnitude a drawn function reaches on any input above
 VARS = ("y", "y", "a", "n", "r", "v", "x")
 TEMPS = ("t", "s", "k")
 WORDS = {"add": "add {}", "sub": "subtract {}", "mul": "times {}", "sq": "square it"}
 SYMBOL = {"add": "+", "sub": "-", "mul": "*"}
 
-# difficulty -> (min steps, max steps, allowed ops)
-LEVELS = {1: (1, 2, ("add", "sub", "mul")), 2: (2, 3, ("add", "sub", "mul")),
-          3: (2, 4, ("add", "sub", "mul", "sq"))}
+# difficulty -> (min steps, long-tail ratio of the step count, allowed ops)
+LEVELS = {1: (1, 0.6, ("add", "sub", "mul")), 2: (2, 0.7, ("add", "sub", "mul")),
+          3: (2, 0.75, ("add", "sub", "mul", "sq"))}
 
 
 def apply_ops(ops: list[Op], x: int) -> int:
@@ -40,13 +50,20 @@ def apply_ops(ops: list[Op], x: int) -> int:
     return x
 
 
+def _in_range(ops: list[Op]) -> bool:
+    return all(abs(apply_ops(ops, x)) <= MAX_VALUE for x in HIDDEN_INPUTS + EXAMPLE_INPUTS)
+
+
 def _draw_ops(rng: random.Random, difficulty: int) -> list[Op]:
-    lo, hi, kinds = LEVELS[difficulty]
+    lo, ratio, kinds = LEVELS[difficulty]
     ops: list[Op] = []
-    for _ in range(rng.randint(lo, hi)):
+    for _ in range(long_tail_count(rng, lo, MAX_STEPS, ratio)):
         kind = rng.choice([k for k in kinds if not (ops and k == "sq" == ops[-1][0])])
-        ops.append((kind, rng.randint(2, 5) if kind == "mul" else 0 if kind == "sq" else
-                    rng.randint(1, 9)))
+        step = (kind, rng.randint(2, 5) if kind == "mul" else 0 if kind == "sq" else
+                rng.randint(1, 9))
+        if not _in_range(ops + [step]):  # growing past MAX_VALUE: add instead
+            step = ("add", rng.randint(1, 9))
+        ops.append(step)
     return ops
 
 
@@ -120,7 +137,7 @@ class CodeTask:
 
     def _draw(self, rng: random.Random) -> tuple[str, Problem]:
         ops = _draw_ops(rng, self.difficulty)
-        example = rng.randint(1, 5)
+        example = rng.choice(EXAMPLE_INPUTS)
         tests = [[x, apply_ops(ops, x)] for x in HIDDEN_INPUTS]
         truth = json.dumps({"ops": ops, "tests": tests}, separators=(",", ":"))
         return json.dumps(ops), Problem(_prompt(ops, example), truth, self.name)

@@ -1,13 +1,30 @@
-"""The `math` task: short multi-step arithmetic word problems.
+"""The `math` task: multi-step arithmetic word problems whose worked solutions have a long tail.
 
-A problem is a starting count (at higher difficulty a product, "3 bags of 12 eggs") and
-a few gains and losses. The completion writes out steps and ends with `#### N`; reward is
-1.0 when N is the right count, else 0.0. Demonstrations vary the order the changes are
-applied in, the layout (one step a line, one line, gains and losses grouped, words),
-spacing, and optional opening/closing lines, so there are real choices at many tokens.
+A problem is a starting count (at higher difficulty often a product, "3 bags of 12 eggs")
+and 1 to MAX_CHANGES gains and losses, written compactly ("Ann has 12 eggs. She buys 5,
+eats 3, then finds 7. How many now?"). The completion writes out steps and ends with
+`#### N`; reward is 1.0 when N is the right count, else 0.0.
 
-Difficulty 1: 2 changes of 1..9 to a start of 2..20; 2: 3 changes, start may be a
-product; 3: 4 changes of up to 19, start often a product.
+Length distribution: the number of changes n is a truncated geometric on 1..MAX_CHANGES,
+P(n) proportional to Level.ratio ** (n - 1) (base.long_tail_count), so most problems are
+short and a few are long, like reasoning rollouts. Short problems (n <= 4) may be worked
+in a compact layout; longer ones always take one line a change (~20 characters), so the
+solution's length follows n. At difficulty 1, over 1000 train problems, demonstrations
+are ~60 characters at p50, ~3x that at p90 and ~330 at most; a 12-change solution runs
+~190-340. Prompts stay under ~160 characters, and a demonstration that would leave less
+than ROOM tokens of the embedded model's 512-token context is redrawn (rare), so prompt +
+solution always fit. Each line stays simple: one change of at most Level.max_change to a
+running total that never drops below zero.
+
+Demonstrations vary the order the changes are applied in (short problems only), the
+layout (math_layouts: chain, one line, arrows, grouped, numbered steps, the prompt's
+verbs), operator spacing, and optional opening/closing lines, so there are real choices
+at many tokens.
+
+Difficulty 1 (the default, what `bebop sft/rl --task math` use): ratio 0.75, changes of
+1..9 to a start of 2..20; 2: ratio 0.82, the start may be a product; 3: ratio 0.88, changes
+up to 15, the start often a product. Higher difficulty shifts the lengths longer (median
+demonstration ~60 / ~80 / ~100 characters).
 """
 
 from __future__ import annotations
@@ -15,10 +32,12 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 from dataclasses import dataclass
 
 from bebop.tasks.base import (DEFAULT_DIFFICULTY, Problem, check_difficulty, draw_split,
-                              load_truth, score_final_answer, spaced)
+                              load_truth, long_tail_count, score_final_answer, spaced)
+from bebop.tasks.math_layouts import LAYOUTS, SHORT, Move
 
 NAMES = (("Ann", "She"), ("Bob", "He"), ("Cat", "She"), ("Dan", "He"), ("Eve", "She"),
          ("Max", "He"), ("Sam", "He"), ("Zoe", "She"))
@@ -26,9 +45,21 @@ ITEMS = ("apples", "eggs", "pens", "cards", "coins", "books", "shells", "cups")
 GAIN_VERBS = ("buys", "gets", "finds", "wins")
 LOSS_VERBS = ("eats", "sells", "loses", "drops")
 OPENERS = ("", "", "Steps:\n", "Let me count.\n", "Work it out:\n")
+MAX_CHANGES = 12
+CONTEXT_TOKENS = 512  # the embedded model's context; the tokenizer is one token a character
+ROOM = 24  # tokens a demonstration leaves free after prompt + demonstration + end token
+MAX_TRIES = 20  # worked solutions drawn before settling for the shortest
+_MOVE = re.compile(rf"\b({'|'.join(GAIN_VERBS + LOSS_VERBS)}) (\d+)\b")
 
-# difficulty -> (number of changes, max change, probability the start is a product)
-LEVELS = {1: (2, 9, 0.0), 2: (3, 9, 0.4), 3: (4, 19, 0.6)}
+
+@dataclass(frozen=True)
+class Level:
+    ratio: float  # P(n changes) proportional to ratio ** (n - 1), n in 1..MAX_CHANGES
+    max_change: int
+    p_product: float  # probability the start is a product
+
+
+LEVELS = {1: Level(0.75, 9, 0.0), 2: Level(0.82, 9, 0.4), 3: Level(0.88, 15, 0.6)}
 
 
 @dataclass(frozen=True)
@@ -43,16 +74,16 @@ class Story:
 
 
 def _draw_story(rng: random.Random, difficulty: int) -> Story:
-    n_changes, max_change, p_product = LEVELS[difficulty]
+    level = LEVELS[difficulty]
     factors = None
-    if rng.random() < p_product:
+    if rng.random() < level.p_product:
         factors = (rng.randint(2, 5), rng.randint(2, 12))
         start = factors[0] * factors[1]
     else:
         start = rng.randint(2, 20)
     total, changes = start, []
-    for _ in range(n_changes):
-        k = rng.randint(1, max_change)
+    for _ in range(long_tail_count(rng, 1, MAX_CHANGES, level.ratio)):
+        k = rng.randint(1, level.max_change)
         sign = -1 if (k <= total and rng.random() < 0.5) else 1
         changes.append(sign * k)
         total += sign * k
@@ -71,18 +102,24 @@ def _prompt(story: Story, rng: random.Random) -> str:
     return f"{have} {pronoun} {acts}. How many now?\n"
 
 
-def _nonnegative_orders(start: int, changes: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Every order of the changes whose running total never drops below zero."""
-    orders = []
-    for order in set(itertools.permutations(changes)):
-        running = itertools.accumulate(order, initial=start)
-        if all(v >= 0 for v in running):
-            orders.append(order)
-    return sorted(orders)
+def _moves(problem: Problem, changes: tuple[int, ...]) -> tuple[Move, ...]:
+    """The changes with the verbs the prompt tells them with ('gets'/'loses' if it does not)."""
+    told = tuple((verb, int(k) if verb in GAIN_VERBS else -int(k))
+                 for verb, k in _MOVE.findall(problem.prompt))
+    if tuple(c for _, c in told) == changes:
+        return told
+    return tuple(("gets" if c > 0 else "loses", c) for c in changes)
 
 
-def _signed(c: int) -> str:
-    return f"+{c}" if c > 0 else f"-{-c}"
+def _order(start: int, moves: tuple[Move, ...], rng: random.Random) -> tuple[Move, ...]:
+    """The order to apply the moves in: for short problems any order whose running total
+    never drops below zero, for longer ones the prompt's order (easy to follow)."""
+    if len(moves) > SHORT:
+        return moves
+    orders = sorted(order for order in set(itertools.permutations(moves))
+                    if all(v >= 0 for v in itertools.accumulate((c for _, c in order),
+                                                                initial=start)))
+    return rng.choice(orders)
 
 
 def _start_lines(story: Story, rng: random.Random, op) -> list[str]:
@@ -92,43 +129,17 @@ def _start_lines(story: Story, rng: random.Random, op) -> list[str]:
     return [f"{a}{op('*')}{b}{op('=')}{story.start}"]
 
 
-def _chain(start: int, order: tuple[int, ...], op) -> list[str]:
-    lines, total = [], start
-    for c in order:
-        lines.append(f"{total}{op(_signed(c)[0])}{abs(c)}{op('=')}{total + c}")
-        total += c
-    return lines
-
-
-def _one_line(start: int, order: tuple[int, ...], op) -> list[str]:
-    terms = "".join(f"{op(_signed(c)[0])}{abs(c)}" for c in order)
-    return [f"{start}{terms}{op('=')}{start + sum(order)}"]
-
-
-def _arrows(start: int, order: tuple[int, ...], op) -> list[str]:
-    parts, total = [f"Start {start}."], start
-    for c in order:
-        total += c
-        parts.append(f"{_signed(c)} is {total}.")
-    return [" ".join(parts)]
-
-
-def _grouped(start: int, order: tuple[int, ...], op) -> list[str] | None:
-    gains = [c for c in order if c > 0]
-    losses = [-c for c in order if c < 0]
-    if not gains or not losses or start + sum(gains) - sum(losses) < 0:
-        return None
-    lines = []
-    for label, group in (("Gain", gains), ("Loss", losses)):
-        if len(group) > 1:
-            lines.append(f"{label}: {op('+').join(map(str, group))}{op('=')}{sum(group)}")
-    up = start + sum(gains)
-    lines.append(f"{start}{op('+')}{sum(gains)}{op('=')}{up}")
-    lines.append(f"{up}{op('-')}{sum(losses)}{op('=')}{up - sum(losses)}")
-    return lines
-
-
-LAYOUTS = (_chain, _chain, _one_line, _arrows, _grouped)
+def _worked(story: Story, moves: tuple[Move, ...], rng: random.Random) -> str:
+    """One worked solution: opener, product line, a layout's lines, closer, `#### N`."""
+    op = spaced(rng)
+    order = _order(story.start, moves, rng)
+    body = None
+    while body is None:
+        body = rng.choice(LAYOUTS)(story.start, order, op)
+    closers = ("", "", f"So {story.answer}.\n", f"Answer: {story.answer}\n")
+    lines = _start_lines(story, rng, op) + body
+    return rng.choice(OPENERS) + "\n".join(lines) + "\n" + rng.choice(closers) + \
+        f"#### {story.answer}"
 
 
 class MathTask:
@@ -148,16 +159,14 @@ class MathTask:
         return draw_split(self.name, self._draw, split, n, seed)
 
     def demonstration(self, problem: Problem, rng: random.Random) -> str:
+        """A worked solution that fits the context with ROOM to spare (redrawn if not)."""
         story = _story_of(problem)
-        op = spaced(rng)
-        order = rng.choice(_nonnegative_orders(story.start, story.changes))
-        body = None
-        while body is None:
-            body = rng.choice(LAYOUTS)(story.start, order, op)
-        closers = ("", "", f"So {story.answer}.\n", f"Answer: {story.answer}\n")
-        lines = _start_lines(story, rng, op) + body
-        return rng.choice(OPENERS) + "\n".join(lines) + "\n" + rng.choice(closers) + \
-            f"#### {story.answer}"
+        moves = _moves(problem, story.changes)
+        budget = CONTEXT_TOKENS - ROOM - 1 - len(problem.prompt)
+        tries = [_worked(story, moves, rng)]
+        while len(tries[-1]) > budget and len(tries) < MAX_TRIES:
+            tries.append(_worked(story, moves, rng))
+        return min(tries, key=len)  # the one that fits, else the shortest
 
     def score(self, problem: Problem, completion: str) -> float:
         return score_final_answer(completion, load_truth(problem, ("answer",))["answer"])
