@@ -27,7 +27,7 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atten
             head_dim=16, max_position_embeddings=256)
 METRIC_KEYS = {"step", "reward", "pass_rate", "entropy", "mean_acceptance_length", "acceptance_rate_per_position",
                "rollout_s", "train_s", "step_s", "generated_tokens", "tokens_per_s", "staleness", "policy_version",
-               "dropped", "mtp_loss"}
+               "dropped", "mtp_loss", "response_len_p50", "response_len_p90", "response_len_max"}
 
 
 def make_headed(path, tiny_root):
@@ -95,6 +95,7 @@ def test_steps_run_end_to_end_and_write_metrics(headed, tmp_path, digit_reward, 
         assert METRIC_KEYS <= set(r)
         assert len(r["acceptance_rate_per_position"]) == 2 and r["mean_acceptance_length"] >= 1.0
         assert r["generated_tokens"] > 0 and r["rollout_s"] > 0
+        assert 0 < r["response_len_p50"] <= r["response_len_p90"] <= r["response_len_max"] <= 16
         assert 0 <= r["staleness"] <= 1
         assert (r["mtp_loss"] is None) == (mtp == "none")
     assert any(r["grad_norm"] > 0 for r in rows)  # the digit reward gives nonzero advantages

@@ -32,7 +32,7 @@ from bebop.policy import Policy, load_policy
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
 from bebop.rl.config import Backend, RLConfig
-from bebop.rl.metrics import MetricsWriter, StepMetrics, require_tensorboard
+from bebop.rl.metrics import MetricsWriter, StepMetrics, length_percentiles, require_tensorboard
 from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
 from bebop.rl.ray_backend import RaySource
 from bebop.rl.sampler import RolloutSampler
@@ -100,6 +100,7 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
         acceptance_rate_per_position=spec.acceptance_rate_per_position if spec else [],
         rollout_s=b.rollout_s, wait_s=fetched.wait_s, train_s=train_s, step_s=step_s,
         generated_tokens=b.generated_tokens, tokens_per_s=b.generated_tokens / max(b.rollout_s, 1e-9),
+        **length_percentiles([r.num_policy_tokens for r in b.rollouts]),
         loss=stats.loss.loss.item(), kl=stats.loss.kl, clip_frac=stats.loss.clip_frac,
         is_weight_mean=stats.loss.is_weight_mean, grad_norm=stats.grad_norm,
         mtp_loss=mtp.loss if mtp is not None else None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,9 @@ class StepMetrics:
     step_s: float = 0.0
     generated_tokens: int = 0  # policy tokens sampled in the batch
     tokens_per_s: float = 0.0  # generated_tokens / rollout_s
+    response_len_p50: float = 0.0  # response length: policy tokens of one rollout (stop token in,
+    response_len_p90: float = 0.0  # environment observations out); percentiles over the batch,
+    response_len_max: int = 0  # see length_percentiles: long tails show as p90 and max >> p50
     loss: float = 0.0
     kl: float = 0.0
     clip_frac: float = 0.0
@@ -51,6 +55,25 @@ class StepMetrics:
 
     def to_json(self) -> str:
         return json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()})
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1) of sorted values, linear between ranks (numpy's default)."""
+    if not ordered:
+        raise BebopError("percentile of no values")
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def length_percentiles(lengths: Sequence[int]) -> dict[str, float | int]:
+    """The batch's response_len_p50 / _p90 / _max from per-response lengths (zeros when empty)."""
+    if not lengths:
+        return {"response_len_p50": 0.0, "response_len_p90": 0.0, "response_len_max": 0}
+    ordered = sorted(lengths)
+    return {"response_len_p50": float(percentile(ordered, 0.5)),
+            "response_len_p90": float(percentile(ordered, 0.9)), "response_len_max": ordered[-1]}
 
 
 def read_steps(path: Path, upto: int) -> list[str]:
