@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction, add_device_args) -> None:
     p.add_argument("--n", type=int, default=200, help="number of test problems")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=384)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--difficulty", type=int, default=1)
     add_device_args(p)

@@ -26,7 +26,7 @@ class RLConfig:
     mtp_update: str = "none"
     group_size: int = 4
     batch_prompts: int = 8
-    max_new_tokens: int = 160
+    max_new_tokens: int = 384  # room for the long tail: the longest math demonstrations are ~340 tokens
     temperature: float = 1.0
     lr: float = 3e-5
     weight_decay: float = 0.0
