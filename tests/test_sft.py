@@ -80,3 +80,35 @@ def test_existing_out_and_bad_resume(tmp_path):
         train_sft(out, _cfg(steps=2, lr=1.0), resume=True, progress=False)
     with pytest.raises(BebopError, match="unknown task"):
         train_sft(tmp_path / "q", _cfg(task="poetry"), progress=False)
+
+
+def test_length_sorted_chunks_give_the_padded_batch_gradient(tmp_path):
+    """backward_step_loss over MICRO_BATCH chunks == the mean loss and gradient of one padded batch."""
+    import random
+
+    import torch.nn.functional as F
+
+    from bebop.embedded import init_model_dir
+    from bebop.policy import load_policy
+    from bebop.sft import MICRO_BATCH, backward_step_loss, collate, sample_batch
+    from bebop.tasks import get_task
+
+    init_model_dir(tmp_path / "m", seed=0, **dict(TINY))
+    policy = load_policy(tmp_path / "m", device="cpu")
+    task = get_task("math")
+    chunks = sample_batch(task, task.problems("train", 50, 0), random.Random(0), policy.codec, 10, policy.pad_id, 256)
+    assert sum(len(ids) for ids, _ in chunks) == 10 and all(len(ids) <= MICRO_BATCH for ids, _ in chunks)
+    widths = [ids.shape[1] for ids, _ in chunks]
+    assert widths == sorted(widths) and max(widths) <= 256
+    mean = backward_step_loss(policy, chunks)
+    grads = [p.grad.clone() for p in policy.model.parameters()]
+    policy.model.zero_grad(set_to_none=True)
+    examples = [(ids[b][ids[b] != policy.pad_id].tolist(), labels[b][: int((ids[b] != policy.pad_id).sum())].tolist())
+                for ids, labels in chunks for b in range(len(ids))]
+    ids, labels = collate(examples, policy.pad_id)
+    logits = policy.model.logits(policy.model(ids))
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE)
+    loss.backward()
+    assert mean == pytest.approx(loss.item(), rel=1e-5)
+    for g, p in zip(grads, policy.model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4)

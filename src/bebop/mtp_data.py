@@ -84,7 +84,8 @@ def demonstration_data(policy: Policy, task: Task, *, n: int, seed: int) -> list
     rng = random.Random(seed)
     out = []
     for problem in task.problems("train", n, seed):
-        ids, _ = encode_example(policy.codec, problem.prompt, task.demonstration(problem, rng))
+        ids, _ = encode_example(policy.codec, problem.prompt, task.demonstration(problem, rng),
+                                policy.model.config.max_position_embeddings)
         p_len = len(policy.codec.encode(problem.prompt))
         completion = ids[p_len:]
         out.append(Sequence(ids[:p_len], completion, env_token_mask(completion, policy.codec)))
