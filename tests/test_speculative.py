@@ -50,11 +50,11 @@ def _oracle_drafter(model, prompts, corrupt: float, seed: int):
     seqs = [[p[0]] for p in prompts]
     rng = random.Random(seed)
 
-    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator):
+    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, rows):
         drafts = []
-        for b in range(len(seqs)):
-            c = int(ref_count[b])
-            seqs[b] += ref_tokens[b, :c].tolist()
+        for i, b in enumerate(rows):  # rows: the prompt index of each live row
+            c = int(ref_count[i])
+            seqs[b] += ref_tokens[i, :c].tolist()
             seq = list(seqs[b])
             row = []
             with torch.no_grad():
@@ -66,7 +66,7 @@ def _oracle_drafter(model, prompts, corrupt: float, seed: int):
                 d = rng.randrange(k)
                 row[d] = (row[d] + 1) % model.config.vocab_size
             drafts.append(row)
-        drafts = torch.tensor(drafts)  # (B, K)
+        drafts = torch.tensor(drafts, dtype=torch.long).reshape(len(rows), k)  # (R, K)
         probs = torch.nn.functional.one_hot(drafts, model.config.vocab_size).float()  # (B, K, V)
         return drafts, probs
 
@@ -111,14 +111,14 @@ def _mixture_drafter(model, prompts, params):
     exact target row (full forward), so RS accepts often (about 0.85) yet not always."""
     seqs = [[p[0]] for p in prompts]
 
-    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator):
-        for b in range(len(seqs)):
-            seqs[b] += ref_tokens[b, : int(ref_count[b])].tolist()
-        drafts = torch.zeros(len(seqs), k, dtype=torch.long)  # (B, K)
-        probs = torch.zeros(len(seqs), k, model.config.vocab_size)  # (B, K, V)
-        for length in {len(s) for s in seqs}:  # rows advance raggedly: one batched oracle per length
-            rows = [b for b, s in enumerate(seqs) if len(s) == length]
-            seq = torch.tensor([seqs[b] for b in rows])  # (R, T)
+    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, live):
+        for i, b in enumerate(live):  # live: the prompt index of each live row
+            seqs[b] += ref_tokens[i, : int(ref_count[i])].tolist()
+        drafts = torch.zeros(len(live), k, dtype=torch.long)  # (R, K)
+        probs = torch.zeros(len(live), k, model.config.vocab_size)  # (R, K, V)
+        for length in {len(seqs[b]) for b in live}:  # rows advance raggedly: one batched oracle per length
+            rows = [i for i, b in enumerate(live) if len(seqs[b]) == length]
+            seq = torch.tensor([seqs[live[i]] for i in rows])  # (R, T)
             with torch.no_grad():
                 for d in range(k):
                     target = warp_probs(model.logits(model(seq))[:, -1], params)  # (R, V)

@@ -5,7 +5,8 @@
 
 Each step feeds every unfinished row its pending tokens (the prompt at first, then the last
 sampled token, or an environment observation) in ONE forward call: rows are ragged and the
-cache appends at each row's own offset. Only the last position of each row goes through the
+cache appends at each row's own offset. The batch is live: a row that finishes leaves the
+cache and every later forward (`KVCache.keep`), so a step costs the rows still generating. Only the last position of each row goes through the
 LM head. One host sync per step (the sampled tokens), which also decides which rows stopped.
 
 Seeds: with a given generator state, prompts, batch composition and settings, the output is
@@ -52,6 +53,11 @@ def cache_capacity(prompts: Sequence[Sequence[int]], max_new_tokens: int, contex
     return min(max(len(p) for p in prompts) + max_new_tokens, context) + slack
 
 
+def live_rows(book: RowBook, live: list[int]) -> list[int]:
+    """Positions (in the current live batch) of the rows that are still generating."""
+    return [i for i, row in enumerate(live) if not book.rows[row].done]
+
+
 @torch.inference_mode()
 def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              sampling: SamplingParams = SamplingParams(), stop_ids: Sequence[int] = (),
@@ -64,22 +70,34 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
     book = RowBook(prompts, context_room, stop_ids, interrupt_ids, observer)
     cache = model.new_cache(len(prompts), cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
                                                        slack=max_observation_tokens + 1))
-    lengths = [0] * len(prompts)  # host copy of cache.lengths, exact
-    while not book.all_done:
-        ids, counts = pad_chunk(book.pending, pad_id, model.device)  # (B, T), (B,)
-        hidden = model(ids, cache, counts)  # (B, T, H)
-        last = (counts - 1).clamp_min(0)  # (B,)
-        logits = model.logits(hidden[torch.arange(len(prompts)), last])  # (B, V)
-        probs = warp_probs(logits, sampling)  # (B, V)
-        tokens = sample(probs, generator, greedy=sampling.greedy)  # (B,)
-        logprobs = token_logprob(probs, tokens)  # (B,)
-        entropies = entropy(probs)  # (B,)
-        fed = [len(p) for p in book.pending]
-        host = to_host([tokens, logprobs, entropies], logits)  # the step's one host sync
-        for b in range(len(prompts)):
-            lengths[b] += fed[b]
-            if fed[b]:
-                tok, lp, ent = host[b]
-                book.emit(b, [int(tok)], [lp], [ent])
+    live = live_rows(book, list(range(len(prompts))))  # prompt index of each cache row
+    if len(live) < len(prompts):
+        cache.keep(torch.tensor(live, dtype=torch.long, device=model.device), span=0)
+    lengths = [0] * len(live)  # host copy of cache.lengths, exact
+    while live:
+        pending = [book.pending[row] for row in live]
+        ids, counts = pad_chunk(pending, pad_id, model.device)  # (R, T), (R,)
+        hidden = model(ids, cache, counts)  # (R, T, H)
+        last = (counts - 1).clamp_min(0)  # (R,)
+        logits = model.logits(hidden[torch.arange(len(live)), last])  # (R, V)
+        probs = warp_probs(logits, sampling)  # (R, V)
+        tokens = sample(probs, generator, greedy=sampling.greedy)  # (R,)
+        host = to_host([tokens, token_logprob(probs, tokens), entropy(probs)], logits)  # the step's one host sync
+        for i, row in enumerate(live):
+            lengths[i] += len(pending[i])
+            tok, lp, ent = host[i]
+            book.emit(row, [int(tok)], [lp], [ent])
         cache.span = max(lengths)
+        live, lengths = _leave_finished(book, live, lengths, cache)
     return book.rows
+
+
+def _leave_finished(book: RowBook, live: list[int], lengths: list[int], cache) -> tuple[list[int], list[int]]:
+    """Drop the rows that finished this step from the live batch and its cache."""
+    keep = live_rows(book, live)
+    if len(keep) == len(live):
+        return live, lengths
+    lengths = [lengths[i] for i in keep]
+    if keep:
+        cache.keep(torch.tensor(keep, dtype=torch.long, device=cache.lengths.device), span=max(lengths))
+    return [live[i] for i in keep], lengths

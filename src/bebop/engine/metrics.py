@@ -1,51 +1,65 @@
 """Speculative-decoding metrics with vLLM's names and definitions.
 
     num_drafts                  verification steps that carried drafts (one per row per step)
-    num_draft_tokens            drafted tokens (K per draft)
+    num_draft_tokens            drafted tokens (k per draft; k varies per step with --k auto)
     num_accepted_tokens         drafts accepted by the acceptance rule
     acceptance_rate             num_accepted_tokens / num_draft_tokens
     mean_acceptance_length      1 + num_accepted_tokens / num_drafts  (tokens per target forward, max K+1)
     acceptance_rate_per_position[d-1]   drafts accepted at depth d / num_drafts
     mean_entropy                mean target entropy of the emitted policy tokens (nats)
+    k_histogram                 {live-batch range: {k: steps}}: how many drafts each step verified,
+                                by the number of rows still generating ('1', '2-3', '4-7', ...)
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+
+
+def size_label(rows: int) -> str:
+    """Power-of-two live-batch ranges: '1', '2-3', '4-7', ..."""
+    lo = 1 << (rows.bit_length() - 1)
+    return str(lo) if lo == 1 else f"{lo}-{2 * lo - 1}"
 
 
 @dataclass
 class SpecMetrics:
-    k: int
+    k: int  # the largest K a step may verify (fixed K, or --max-k with --k auto)
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     entropy_sum: float = 0.0
     num_emitted: int = 0
+    k_histogram: dict[str, Counter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.accepted_per_position:
-            self.accepted_per_position = [0] * self.k
+        self.accepted_per_position = (list(self.accepted_per_position) + [0] * self.k)[: self.k]
 
-    def record_draft(self, num_accepted: int) -> None:
+    def record_draft(self, num_accepted: int, k: int | None = None) -> None:
         self.num_drafts += 1
-        self.num_draft_tokens += self.k
+        self.num_draft_tokens += self.k if k is None else k
         self.num_accepted_tokens += num_accepted
         for d in range(num_accepted):
             self.accepted_per_position[d] += 1
+
+    def record_step(self, rows: int, k: int) -> None:
+        self.k_histogram.setdefault(size_label(rows), Counter())[k] += 1
 
     def record_emitted(self, entropies: list[float]) -> None:
         self.entropy_sum += sum(entropies)
         self.num_emitted += len(entropies)
 
     def merge(self, other: "SpecMetrics") -> "SpecMetrics":
-        if other.k != self.k:
-            raise ValueError(f"cannot merge metrics for K={self.k} and K={other.k}")
-        return SpecMetrics(self.k, self.num_drafts + other.num_drafts, self.num_draft_tokens + other.num_draft_tokens,
+        k = max(self.k, other.k)
+        pad = lambda xs: list(xs) + [0] * (k - len(xs))  # noqa: E731
+        histogram = {label: Counter(self.k_histogram.get(label, {})) + Counter(other.k_histogram.get(label, {}))
+                     for label in {*self.k_histogram, *other.k_histogram}}
+        return SpecMetrics(k, self.num_drafts + other.num_drafts, self.num_draft_tokens + other.num_draft_tokens,
                            self.num_accepted_tokens + other.num_accepted_tokens,
-                           [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position)],
-                           self.entropy_sum + other.entropy_sum, self.num_emitted + other.num_emitted)
+                           [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))],
+                           self.entropy_sum + other.entropy_sum, self.num_emitted + other.num_emitted, histogram)
 
     @property
     def acceptance_rate(self) -> float:
@@ -67,4 +81,6 @@ class SpecMetrics:
         return {"k": self.k, "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
                 "num_accepted_tokens": self.num_accepted_tokens, "acceptance_rate": self.acceptance_rate,
                 "mean_acceptance_length": self.mean_acceptance_length,
-                "acceptance_rate_per_position": self.acceptance_rate_per_position, "mean_entropy": self.mean_entropy}
+                "acceptance_rate_per_position": self.acceptance_rate_per_position, "mean_entropy": self.mean_entropy,
+                "k_histogram": {label: {str(k): n for k, n in sorted(c.items())}
+                                for label, c in sorted(self.k_histogram.items(), key=lambda kv: int(kv[0].split("-")[0]))}}

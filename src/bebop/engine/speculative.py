@@ -2,34 +2,43 @@
 
     gens, metrics = speculative_generate(model, prompts, k=3, mode="rs", max_new_tokens=128,
                                          sampling=SamplingParams(1.0), stop_ids=[eos], generator=g)
+    gens, metrics = speculative_generate(model, prompts, k="auto", max_k=6, mode="rs", ...)
 
-One step, for every unfinished row at once:
-  1. refresh + draft: the MTP head consumes the trunk hiddens of the tokens the last step made
-     valid (a ragged chunk; its last position gives depth 1), then drafts depths 2..K one token
-     at a time. RS samples y_d ~ q_d; TO takes argmax q_d.
-  2. verify: ONE trunk forward over [x_last, y_1..y_K] gives the target rows p_1..p_{K+1}.
-  3. accept with `rejection_sample` or `target_only_sample` (lossless), emit 1..K+1 tokens;
+One step, for every live row at once:
+  0. choose k: fixed, or with k="auto" the k in [0, max_k] that maximises expected emitted tokens
+     per second for the current number of live rows (bebop.engine.adaptive); k = 0 is a plain step.
+  1. refresh + draft (k > 0): the MTP head consumes the trunk hiddens of every position made valid
+     since its last refresh (one ragged chunk per row, however many plain steps were skipped;
+     bebop.engine.refresh_log), whose last position gives depth 1, then drafts depths 2..k one
+     token at a time. RS samples y_d ~ q_d; TO takes argmax q_d.
+  2. verify: ONE trunk forward over [x_last, y_1..y_k] gives the target rows p_1..p_{k+1}.
+  3. accept with `rejection_sample` or `target_only_sample` (lossless), emit 1..k+1 tokens;
      stop tokens and max_new_tokens truncate inside the accepted run (RowBook).
-  4. roll both caches back to the valid lengths (a length change, no copy).
+  4. roll both caches back to the valid lengths (a length change, no copy); rows that finished
+     leave the batch (the caches keep only live rows), so later steps cost the live rows only.
 A row whose next input is an environment observation (agent task) feeds it as a prefill in the
 same verify forward and samples plainly for that step; drafting resumes on the next step.
 Exactly one device->host transfer per step (the emitted tokens and their log-probs).
 
 Seeds: as in plain generation, one generator serves the whole batch, so output is reproducible
 for a given seed, prompts, batch and settings; at temperature 0 it equals plain greedy decoding
-token for token, whatever the head.
+token for token, whatever the head and whatever k each step verifies.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 
-from bebop.engine.generate import cache_capacity, check_prompts, pad_chunk
+from bebop.engine.adaptive import AdaptiveK
+from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.records import Generation
+from bebop.engine.refresh_log import RefreshLog
 from bebop.engine.rows import Observer, RowBook
+from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import (SamplingParams, entropy, rejection_sample, sample, target_only_sample, to_host,
@@ -37,33 +46,41 @@ from bebop.sampling import (SamplingParams, entropy, rejection_sample, sample, t
 
 SPEC_MODES = ("to", "rs")
 MAX_K = 8
+DEFAULT_MAX_K = 6
+AUTO = "auto"
+LOG_LIMIT = 1 << 24  # logged hidden elements (rows x positions x H) before a refresh is forced
 
 
-def check_spec(mode: str, k: int) -> None:
+def check_spec(mode: str, k: int | str, max_k: int = DEFAULT_MAX_K) -> None:
     if mode not in SPEC_MODES:
         raise BebopError(f"unknown speculative mode {mode!r}; choose from {', '.join(SPEC_MODES)}")
-    if not 1 <= k <= MAX_K:
-        raise BebopError(f"K (drafts per step) must be in [1, {MAX_K}], got {k}")
+    if k == AUTO:
+        if not isinstance(max_k, int) or not 1 <= max_k <= MAX_K:
+            raise BebopError(f"--max-k must be in [1, {MAX_K}], got {max_k}")
+    elif isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise BebopError(f"K (drafts per step) must be 'auto' or in [1, {MAX_K}], got {k}")
 
 
 def _draft(model: CausalLM, mtp_cache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor, ref_count: torch.Tensor,
-           k: int, mode: str, sampling: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Refresh the MTP cache with the last step's valid positions, then draft K tokens.
+           k: int, mode: str, sampling: SamplingParams, generator, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Refresh the MTP cache with the pending positions, then draft k tokens (k = 0: refresh only).
 
-    ref_hidden (B, W, H), ref_tokens (B, W), ref_count (B,) -> drafts (B, K), draft_probs (B, K, V)."""
+    ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,); rows: each row's prompt index
+    -> drafts (R, k), draft_probs (R, k, V)."""
     mtp = model.require_mtp()
     batch = ref_hidden.shape[0]
-    out = mtp(ref_hidden, model.embed(ref_tokens), 1, mtp_cache, ref_count)  # (B, W, H)
-    hidden = out[torch.arange(batch), (ref_count - 1).clamp_min(0)]  # (B, H)
+    out = mtp(ref_hidden, model.embed(ref_tokens), 1, mtp_cache, ref_count)  # (R, W, H)
+    hidden = out[torch.arange(batch), (ref_count - 1).clamp_min(0)]  # (R, H)
     ones = torch.ones(batch, dtype=torch.long, device=hidden.device)
     tokens, probs = [], []
     for depth in range(1, k + 1):
         if depth > 1:
-            hidden = mtp(hidden[:, None], model.embed(tokens[-1])[:, None], depth, mtp_cache, ones)[:, 0]  # (B, H)
-        logits = model.mtp_logits(hidden)  # (B, V)
-        q = warp_probs(logits, sampling)  # (B, V)
+            hidden = mtp(hidden[:, None], model.embed(tokens[-1])[:, None], depth, mtp_cache, ones)[:, 0]  # (R, H)
+        q = warp_probs(model.mtp_logits(hidden), sampling)  # (R, V)
         tokens.append(sample(q, generator) if mode == "rs" and not sampling.greedy else q.argmax(-1))
         probs.append(q)
+    if not k:
+        return ref_tokens.new_zeros(batch, 0), hidden.new_zeros(batch, 0, model.config.vocab_size)
     return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
 
@@ -74,75 +91,141 @@ def _accept(mode: str, drafts, draft_probs, target_probs, generator):
 
 
 @torch.inference_mode()
-def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k: int, mode: str,
+def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k: int | str, mode: str,
                          max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
                          stop_ids: Sequence[int] = (), generator: torch.Generator | None = None, pad_id: int = 0,
                          observer: Observer | None = None, interrupt_ids: Sequence[int] = (),
-                         max_observation_tokens: int = 64) -> tuple[list[Generation], SpecMetrics]:
-    check_spec(mode, k)
-    mtp = model.require_mtp()
-    cfg = model.config
-    check_prompts(prompts, cfg.max_position_embeddings, cfg.vocab_size)
-    batch, device = len(prompts), model.device
-    room = min(max_new_tokens, cfg.max_position_embeddings - max(len(p) for p in prompts))
-    book = RowBook(prompts, room, stop_ids, interrupt_ids, observer)
-    capacity = cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings, slack=max(k + 1, max_observation_tokens + 1))
-    cache = model.new_cache(batch, capacity)
-    mtp_cache = mtp.new_cache(batch, capacity + k, dtype=model.dtype, device=device)
-    metrics = SpecMetrics(k)
-    trunk_len, mtp_len = [0] * batch, [0] * batch  # host copies of the caches' lengths
-    ref_hidden, ref_next, ref_count = None, [[] for _ in range(batch)], [0] * batch
-    rows = torch.arange(batch, device=device)
-    offsets = torch.arange(k + 1, device=device)
-    while not book.all_done:
-        fed = [list(p) for p in book.pending]
-        drafting = [len(f) == 1 and ref_count[b] > 0 for b, f in enumerate(fed)]
-        if any(ref_count):
-            ref_tokens, counts = pad_chunk(ref_next, pad_id, device)  # (B, W), (B,)
-            drafts, draft_probs = _draft(model, mtp_cache, ref_hidden[:, : ref_tokens.shape[1]], ref_tokens, counts,
-                                         k, mode, sampling, generator)  # (B, K), (B, K, V)
-            mtp_len = [n + c for n, c in zip(mtp_len, ref_count)]
-            mtp_cache.rollback(torch.tensor(mtp_len, device=device), span=max(mtp_len))
-        # verify: drafting rows feed [x_last, y_1..y_K]; others feed their pending tokens (a prefill)
-        is_draft = torch.tensor(drafting, device=device)  # (B,)
-        ids, counts = pad_chunk([f + [pad_id] * k if d else f for f, d in zip(fed, drafting)], pad_id, device)
-        if any(drafting):
-            ids[:, 1:k + 1] = torch.where(is_draft[:, None], drafts, ids[:, 1:k + 1])
-        hidden = model(ids, cache, counts)  # (B, Wc, H)
-        last = (counts - 1).clamp_min(0)  # (B,)
-        positions = torch.where(is_draft[:, None], offsets, last[:, None])  # (B, K+1)
-        logits = model.logits(hidden[rows[:, None], positions])  # (B, K+1, V)
-        target_probs = warp_probs(logits, sampling)  # (B, K+1, V)
-        plain = sample(target_probs[:, 0], generator, greedy=sampling.greedy)  # (B,)
-        if any(drafting):
-            tokens, accepted = _accept(mode, drafts, draft_probs, target_probs, generator)  # (B, K+1), (B,)
-            tokens = torch.where(is_draft[:, None], tokens, torch.cat([plain[:, None], torch.full_like(tokens[:, 1:], -1)], 1))
-            accepted = torch.where(is_draft, accepted, 0)
-        else:
-            tokens = torch.cat([plain[:, None], plain.new_full((batch, k), -1)], dim=1)  # (B, K+1)
-            accepted = torch.zeros(batch, dtype=torch.long, device=device)
-        safe = tokens.clamp_min(0)
-        logprobs = torch.log(target_probs.gather(-1, safe[..., None])[..., 0])  # (B, K+1)
-        ents = entropy(target_probs)  # (B, K+1)
-        checked = (logits, draft_probs) if any(ref_count) else (logits,)
+                         max_observation_tokens: int = 64, max_k: int = DEFAULT_MAX_K,
+                         controller: AdaptiveK | None = None) -> tuple[list[Generation], SpecMetrics]:
+    """`controller`: with k="auto", an AdaptiveK to reuse across calls (RL keeps one per run so its
+    acceptance estimate follows the policy); by default a fresh one over the model's cached costs."""
+    check_spec(mode, k, max_k)
+    model.require_mtp()
+    check_prompts(prompts, model.config.max_position_embeddings, model.config.vocab_size)
+    if k == AUTO and controller is None:
+        controller = AdaptiveK(max_k, step_costs(model, max_rows=len(prompts), max_k=max_k))
+    run = _Run(model, prompts, k=max_k if k == AUTO else k, mode=mode, max_new_tokens=max_new_tokens,
+               sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
+               interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
+               controller=controller if k == AUTO else None)
+    while run.live:
+        run.step()
+    return run.book.rows, run.metrics
+
+
+class _Run:
+    """The state of one speculative generation: the live rows (prompt index of each cache row), their
+    trunk / MTP cache lengths (host copies, exact) and the positions waiting for an MTP refresh."""
+
+    def __init__(self, model: CausalLM, prompts, *, k: int, mode: str, max_new_tokens: int, sampling, stop_ids,
+                 generator, pad_id: int, observer, interrupt_ids, max_observation_tokens: int,
+                 controller: AdaptiveK | None) -> None:
+        cfg = model.config
+        self.model, self.k, self.mode, self.sampling = model, k, mode, sampling
+        self.generator, self.pad_id, self.controller = generator, pad_id, controller
+        room = min(max_new_tokens, cfg.max_position_embeddings - max(len(p) for p in prompts))
+        self.book = RowBook(prompts, room, stop_ids, interrupt_ids, observer)
+        capacity = cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
+                                  slack=max(k + 1, max_observation_tokens + 1))
+        self.live = list(range(len(prompts)))
+        self.cache = model.new_cache(len(prompts), capacity)
+        # a catch-up refresh writes up to `capacity` positions past a row's MTP length: room for both
+        self.mtp_cache = model.require_mtp().new_cache(len(prompts), 2 * capacity + k, dtype=model.dtype,
+                                                       device=model.device)
+        self.log = RefreshLog(len(prompts))
+        self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
+        self.metrics = SpecMetrics(k)
+        self._leave_finished()
+
+    def choose_k(self, pending: list[list[int]]) -> int:
+        can_draft = [len(p) == 1 and c > 0 for p, c in zip(pending, self.log.counts)]
+        if not any(can_draft):
+            return 0
+        return self.controller.choose(len(self.live)) if self.controller else self.k
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        pending = [self.book.pending[row] for row in self.live]
+        k = self.choose_k(pending)
+        drafting = [k > 0 and len(p) == 1 and c > 0 for p, c in zip(pending, self.log.counts)]
+        drafts = draft_probs = None
+        if k:
+            drafts, draft_probs = self._refresh(k)
+        elif self.log.positions * len(self.live) * self.model.config.hidden_size > LOG_LIMIT:
+            self._refresh(0)
+        hidden, logits, tokens, logprobs, ents, accepted = self._verify(k, pending, drafting, drafts, draft_probs)
+        checked = (logits, draft_probs) if k else (logits,)
         host = to_host([tokens, logprobs, ents, accepted], *checked)  # the step's one host sync
-        ref_hidden = hidden
-        for b in range(batch):
-            if not fed[b]:
-                ref_count[b], ref_next[b] = 0, []
-                continue
-            n_acc = int(host[b][-1])
-            toks = [int(t) for t in host[b][: n_acc + 1]]
-            ents_b = host[b][2 * (k + 1): 2 * (k + 1) + n_acc + 1]
-            kept = book.emit(b, toks, host[b][k + 1: k + 2 + n_acc], ents_b)
-            if drafting[b]:
-                metrics.record_draft(n_acc)
-            metrics.record_emitted(ents_b[:kept])
-            valid = fed[b] + toks[: kept - 1]  # tokens of this chunk now in the trunk cache
-            trunk_len[b] += len(valid)
-            if book.rows[b].done:
-                ref_count[b], ref_next[b] = 0, []
-            else:
-                ref_count[b], ref_next[b] = len(valid), valid[1:] + [toks[kept - 1]]
-        cache.rollback(torch.tensor(trunk_len, device=device), span=max(trunk_len))
-    return book.rows, metrics
+        self._emit(k, pending, drafting, host, hidden)
+        if self.controller:
+            self.controller.observe(len(self.live), k, time.perf_counter() - t0,
+                                    [int(h[-1]) for h, d in zip(host, drafting) if d])
+        self.metrics.record_step(len(self.live), k)
+        self.cache.rollback(torch.tensor(self.trunk_len, device=self.model.device), span=max(self.trunk_len))
+        self._leave_finished()
+
+    def _refresh(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Refresh the MTP cache over every pending position, draft k tokens, roll the drafts back."""
+        counts = self.log.counts
+        ref_hidden, ref_tokens, ref_count = self.log.take(self.pad_id)  # (R, W, H), (R, W), (R,)
+        drafts, draft_probs = _draft(self.model, self.mtp_cache, ref_hidden, ref_tokens, ref_count, k, self.mode,
+                                     self.sampling, self.generator, list(self.live))  # (R, k), (R, k, V)
+        self.mtp_len = [n + c for n, c in zip(self.mtp_len, counts)]
+        self.mtp_cache.rollback(torch.tensor(self.mtp_len, device=self.model.device), span=max(self.mtp_len))
+        return drafts, draft_probs
+
+    def _verify(self, k: int, pending, drafting, drafts, draft_probs):
+        """One trunk forward: drafting rows feed [x_last, y_1..y_k]; the others their pending tokens."""
+        device = self.model.device
+        batch = len(pending)
+        is_draft = torch.tensor(drafting, device=device)  # (R,)
+        ids, counts = pad_chunk([p + [self.pad_id] * k if d else p for p, d in zip(pending, drafting)],
+                                self.pad_id, device)  # (R, Wc), (R,)
+        if k:
+            ids[:, 1:k + 1] = torch.where(is_draft[:, None], drafts, ids[:, 1:k + 1])
+        hidden = self.model(ids, self.cache, counts)  # (R, Wc, H)
+        last = (counts - 1).clamp_min(0)  # (R,)
+        positions = torch.where(is_draft[:, None], torch.arange(k + 1, device=device), last[:, None])  # (R, k+1)
+        logits = self.model.logits(hidden[torch.arange(batch, device=device)[:, None], positions])  # (R, k+1, V)
+        target_probs = warp_probs(logits, self.sampling)  # (R, k+1, V)
+        plain = sample(target_probs[:, 0], self.generator, greedy=self.sampling.greedy)  # (R,)
+        unset = plain.new_full((batch, k), -1)
+        tokens = torch.cat([plain[:, None], unset], dim=1)  # (R, k+1)
+        accepted = torch.zeros(batch, dtype=torch.long, device=device)  # (R,)
+        if k:
+            spec_tokens, spec_accepted = _accept(self.mode, drafts, draft_probs, target_probs, self.generator)
+            tokens = torch.where(is_draft[:, None], spec_tokens, tokens)
+            accepted = torch.where(is_draft, spec_accepted, accepted)
+        logprobs = torch.log(target_probs.gather(-1, tokens.clamp_min(0)[..., None])[..., 0])  # (R, k+1)
+        return hidden, logits, tokens, logprobs, entropy(target_probs), accepted
+
+    def _emit(self, k: int, pending, drafting, host, hidden) -> None:
+        """Hand each row its accepted run; log the positions now valid for the next MTP refresh."""
+        counts, next_tokens = [], []
+        for i, row in enumerate(self.live):
+            n_acc = int(host[i][-1])
+            toks = [int(t) for t in host[i][: n_acc + 1]]
+            ents = host[i][2 * (k + 1): 2 * (k + 1) + n_acc + 1]
+            kept = self.book.emit(row, toks, host[i][k + 1: k + 2 + n_acc], ents)
+            if drafting[i]:
+                self.metrics.record_draft(n_acc, k)
+            self.metrics.record_emitted(ents[:kept])
+            valid = pending[i] + toks[: kept - 1]  # tokens of this chunk now in the trunk cache
+            self.trunk_len[i] += len(valid)
+            done = self.book.rows[row].done
+            counts.append(0 if done else len(valid))
+            next_tokens.append([] if done else valid[1:] + [toks[kept - 1]])
+        self.log.add(hidden, counts, next_tokens)
+
+    def _leave_finished(self) -> None:
+        keep = live_rows(self.book, self.live)
+        if len(keep) == len(self.live):
+            return
+        self.live = [self.live[i] for i in keep]
+        self.trunk_len = [self.trunk_len[i] for i in keep]
+        self.mtp_len = [self.mtp_len[i] for i in keep]
+        self.log.keep(keep)
+        if keep:
+            index = torch.tensor(keep, dtype=torch.long, device=self.model.device)
+            self.cache.keep(index, span=max(self.trunk_len))
+            self.mtp_cache.keep(index, span=max(self.mtp_len))

@@ -4,7 +4,8 @@ Every forward call appends a chunk of `T` new tokens to each row at that row's o
 (`lengths[b]`): a ragged prefill, a one-token decode, or a K+1-token verification all use the
 same call. Row b keeps only its first `num_new[b]` tokens of the chunk; the rest are written
 past its length and are invisible. Rolling back is `rollback(new_lengths)`: a length change, no
-copy. Later rows may advance by different amounts (speculative decoding).
+copy. Later rows may advance by different amounts (speculative decoding). Rows that finish
+leave with `keep(rows)` (the live batch): one gather, so later forwards cost the live rows only.
 
 `span` is a host-side upper bound on max(lengths), kept so that attention reads only the used
 part of the buffer without a device->host sync. Callers that know a tighter bound pass it.
@@ -56,3 +57,11 @@ class KVCache:
         """Set each row's length (B,) (no copy). `span`: a known bound on max(lengths), else synced."""
         self.lengths.copy_(lengths)
         self.span = int(lengths.max()) if span is None else span
+
+    def keep(self, rows: torch.Tensor, span: int) -> None:
+        """Keep only the cache rows `rows` (R,) (indices into the current batch, in the new order);
+        `span`: a bound on the kept rows' max length (host-known)."""
+        self.k = self.k.index_select(1, rows)  # (L, R, Hkv, S, Dh)
+        self.v = self.v.index_select(1, rows)  # (L, R, Hkv, S, Dh)
+        self.lengths = self.lengths.index_select(0, rows)  # (R,)
+        self.span = span

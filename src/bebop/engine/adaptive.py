@@ -1,0 +1,88 @@
+"""Adaptive speculation (`--k auto`): each step verifies the number of drafts that maximises the
+expected emitted tokens per second, 0 meaning a plain step.
+
+    policy = AdaptiveK(max_k=6, costs=step_costs(model, max_rows=64, max_k=6))
+    k = policy.choose(rows)                  # before the step
+    policy.observe(rows, k, seconds, accepted)  # after it: measured time, accepted drafts per row
+
+Expected tokens of a step with k drafts: E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i (method.md
+section 3), with alpha_d the running conditional acceptance at depth d (accepted at d / reached d,
+decayed so it follows a policy that changes under RL; an unseen depth borrows the depth before it).
+Cost: `StepCosts.predict(rows, k)`. The choice is argmax_k E(k) / cost(rows, k). So a large live
+batch, where a verify over k + 1 tokens per row is compute-bound, falls back to plain steps, and
+a small one drafts deep. A (rows, k) pair next to the best that was never measured is tried once
+after the best has been measured twice, so a pessimistic profile cannot lock a bucket out of a
+better k. The decoding loop counts every decision per live-batch size (SpecMetrics.k_histogram).
+
+Anchors: vLLM's adaptive verification (costs profiled at start-up, survival probability per
+draft slot), SGLang's per-batch-size step tiers, TensorRT-LLM's `draft_len_schedule`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from bebop.engine.step_costs import StepCosts, rows_bucket
+
+PRIOR_ACCEPTANCE = 0.7  # alpha before any draft was verified
+PRIOR_WEIGHT = 2.0  # in drafts
+DECAY = 0.9  # per step: acceptance follows about the last 10 steps
+
+
+class AcceptanceEstimate:
+    """Running conditional acceptance per depth, from the accepted-draft count of each verified row."""
+
+    def __init__(self, max_k: int) -> None:
+        self.reached = [0.0] * max_k  # decayed count of drafts verified at depth d (d-1 accepted)
+        self.accepted = [0.0] * max_k  # ... of which accepted
+
+    def observe(self, k: int, accepted: list[int]) -> None:
+        self.reached = [r * DECAY for r in self.reached]
+        self.accepted = [a * DECAY for a in self.accepted]
+        for n in accepted:
+            for d in range(min(k, n + 1)):
+                self.reached[d] += 1
+                self.accepted[d] += d < n
+
+    def rates(self) -> list[float]:
+        out, prior = [], PRIOR_ACCEPTANCE
+        for reached, accepted in zip(self.reached, self.accepted):
+            prior = (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
+            out.append(prior)
+        return out
+
+    def expected_tokens(self, k: int) -> float:
+        total, survive = 1.0, 1.0
+        for alpha in self.rates()[:k]:
+            survive *= alpha
+            total += survive
+        return total
+
+
+class AdaptiveK:
+    def __init__(self, max_k: int, costs: StepCosts) -> None:
+        self.max_k = max_k
+        self.costs = costs
+        self.acceptance = AcceptanceEstimate(max_k)
+        self.seen: Counter = Counter()  # (rows bucket, k) -> measured steps
+
+    def throughput(self, rows: int, k: int) -> float:
+        """Predicted emitted tokens per second per row."""
+        return self.acceptance.expected_tokens(k) / self.costs.predict(rows, k)
+
+    def choose(self, rows: int) -> int:
+        best = max(range(self.max_k + 1), key=lambda k: self.throughput(rows, k))
+        bucket = rows_bucket(rows)
+        if self.seen[(bucket, best)] >= 2:
+            for k in (best - 1, best + 1):
+                if 0 <= k <= self.max_k and not self.seen[(bucket, k)]:
+                    return k
+        return best
+
+    def observe(self, rows: int, k: int, seconds: float, accepted: list[int]) -> None:
+        """After a step over `rows` live rows with k drafts: its wall time and each drafting row's
+        accepted-draft count (empty when no row drafted)."""
+        self.costs.observe(rows, k, seconds)
+        self.seen[(rows_bucket(rows), k)] += 1
+        if k and accepted:
+            self.acceptance.observe(k, accepted)

@@ -1,0 +1,138 @@
+"""What a decoding step costs, as a function of live rows and drafts: profiled once, refined online.
+
+    costs = step_costs(model, max_rows=64, max_k=6)   # profiled on first use, cached per model
+    costs.predict(rows=32, k=3)                       # seconds of one step
+    costs.observe(rows=32, k=3, seconds=0.021)        # a measured step refines that prediction
+
+The prior is a profile of the two forwards a step is made of, timed on this machine with this
+model when the engine first needs it (a scratch cache; a few dozen forwards): the trunk over
+`rows x t` tokens (t = 1 for a plain step, k + 1 for a verify) and one MTP draft step over `rows`
+tokens. A step with k drafts is predicted as
+
+    trunk(rows, k + 1) + k * mtp(rows) [+ mtp(rows) for the refresh when k > 0]
+
+Everything else a step does (sampling, acceptance, bookkeeping) is learned from measured steps:
+each (live-rows bucket, k) keeps a running ratio measured / profiled, and an unmeasured k borrows
+the ratio of the nearest measured k in its bucket. Nothing is hard-coded per machine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+
+import torch
+
+from bebop.model.qwen3 import CausalLM
+
+PROFILE_CONTEXT = 64  # cached positions the profiled forwards attend over
+RATIO_DECAY = 0.8  # weight of the old ratio when a new step is measured
+
+
+def rows_bucket(rows: int) -> int:
+    """Half-octave buckets of the live-row count: 1, 2, 3, 4, 5-6, 7-9, 10-13, ..."""
+    return int(round(2 * math.log2(max(1, rows))))
+
+
+def _interp(points: list[tuple[int, float]], x: float) -> float:
+    """Piecewise-linear interpolation over sorted (x, y) points, linear extrapolation past the ends."""
+    if len(points) == 1:
+        return points[0][1] * max(x, 1) / max(points[0][0], 1)
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1 or (x1, y1) == points[-1]:
+            return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    raise AssertionError("unreachable")
+
+
+class StepCosts:
+    def __init__(self, trunk: dict[tuple[int, int], float], mtp: dict[int, float], max_k: int) -> None:
+        self.trunk = trunk  # (rows, t) -> seconds of a trunk forward + LM head over rows x t tokens
+        self.mtp = mtp  # rows -> seconds of one MTP draft step
+        self.max_k = max_k
+        self.ratio: dict[tuple[int, int], float] = {}  # (rows bucket, k) -> measured / profiled
+
+    def profiled(self, rows: int, k: int) -> float:
+        widths = sorted({t for _, t in self.trunk})
+        by_width = [(t, _interp(sorted((r, s) for (r, tt), s in self.trunk.items() if tt == t), rows))
+                    for t in widths]
+        draft = k * _interp(sorted(self.mtp.items()), rows)
+        refresh = _interp(sorted(self.mtp.items()), rows) if k else 0.0
+        return _interp(by_width, k + 1) + draft + refresh
+
+    def predict(self, rows: int, k: int) -> float:
+        return self.profiled(rows, k) * self._ratio(rows_bucket(rows), k)
+
+    def _ratio(self, bucket: int, k: int) -> float:
+        measured = [(abs(kk - k), r) for (b, kk), r in self.ratio.items() if b == bucket]
+        return min(measured)[1] if measured else 1.0
+
+    def observe(self, rows: int, k: int, seconds: float) -> None:
+        key = (rows_bucket(rows), k)
+        ratio = seconds / max(self.profiled(rows, k), 1e-9)
+        old = self.ratio.get(key)
+        self.ratio[key] = ratio if old is None else RATIO_DECAY * old + (1 - RATIO_DECAY) * ratio
+
+    def measured(self, rows: int, k: int) -> bool:
+        return (rows_bucket(rows), k) in self.ratio
+
+
+_CACHE: "weakref.WeakKeyDictionary[CausalLM, StepCosts]" = weakref.WeakKeyDictionary()
+
+
+def step_costs(model: CausalLM, *, max_rows: int, max_k: int) -> StepCosts:
+    """The model's profiled costs (cached per model object; re-profiled for a larger batch or K)."""
+    costs = _CACHE.get(model)
+    if costs is None or costs.max_k < max_k or max(r for r, _ in costs.trunk) < max_rows:
+        costs = profile(model, max_rows=max_rows, max_k=max_k)
+        _CACHE[model] = costs
+    return costs
+
+
+def profile_rows(max_rows: int) -> list[int]:
+    rows = [1]
+    while rows[-1] * 4 < max_rows:
+        rows.append(rows[-1] * 4)
+    return rows + [max_rows] if max_rows > 1 else rows
+
+
+@torch.inference_mode()
+def profile(model: CausalLM, *, max_rows: int, max_k: int) -> StepCosts:
+    """Time trunk forwards at t = 1 and t = max_k + 1 and one MTP draft step, at a few row counts."""
+    trunk, mtp = {}, {}
+    for rows in profile_rows(max_rows):
+        for t in (1, max_k + 1):
+            trunk[(rows, t)] = _best_of(lambda: _trunk_forward(model, rows, t))
+        if model.mtp is not None:
+            mtp[rows] = _best_of(lambda: _mtp_step(model, rows))
+    return StepCosts(trunk, mtp or {1: 0.0}, max_k)
+
+
+def _best_of(run, repeats: int = 2) -> float:
+    run()  # warm-up (allocations, kernel selection)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _trunk_forward(model: CausalLM, rows: int, t: int) -> None:
+    cache = model.new_cache(rows, PROFILE_CONTEXT + t)
+    cache.span = PROFILE_CONTEXT
+    cache.lengths.fill_(PROFILE_CONTEXT)
+    ids = torch.zeros(rows, t, dtype=torch.long, device=model.device)  # (R, t)
+    hidden = model(ids, cache)  # (R, t, H)
+    model.logits(hidden).sum().item()  # the host sync a step pays
+
+
+def _mtp_step(model: CausalLM, rows: int) -> None:
+    mtp = model.require_mtp()
+    cache = mtp.new_cache(rows, PROFILE_CONTEXT + 1, dtype=model.dtype, device=model.device)
+    cache.span = PROFILE_CONTEXT
+    cache.lengths.fill_(PROFILE_CONTEXT)
+    ids = torch.zeros(rows, 1, dtype=torch.long, device=model.device)  # (R, 1)
+    hidden = torch.zeros(rows, 1, model.config.hidden_size, dtype=model.dtype, device=model.device)  # (R, 1, H)
+    out = mtp(hidden, model.embed(ids), 2, cache, torch.ones(rows, dtype=torch.long, device=model.device))
+    torch.softmax(model.mtp_logits(out[:, 0]), -1).sum().item()

@@ -1,0 +1,105 @@
+"""Adaptive speculation: the acceptance estimate, the cost model and the choice of k."""
+
+import pytest
+import torch
+
+from bebop.engine import generate
+from bebop.engine import speculative as spec
+from bebop.engine.adaptive import AcceptanceEstimate, AdaptiveK
+from bebop.engine.step_costs import StepCosts, profile, step_costs
+from bebop.errors import BebopError
+from bebop.model import load_model
+from bebop.sampling import SamplingParams
+from test_speculative import PROMPTS, _ids
+
+
+def _costs(per_token: float, fixed: float, mtp: float = 0.0, max_k: int = 6) -> StepCosts:
+    """A synthetic profile: a trunk forward costs fixed + per_token * rows * t."""
+    trunk = {(r, t): fixed + per_token * r * t for r in (1, 4, 16, 64) for t in (1, max_k + 1)}
+    return StepCosts(trunk, {r: mtp for r in (1, 4, 16, 64)}, max_k)
+
+
+def test_acceptance_estimate_recovers_per_depth_rates():
+    est = AcceptanceEstimate(4)
+    # each row: depth 1 accepted with 0.9, then depth 2 with 0.5, depths 3-4 never
+    for _ in range(30):
+        est.observe(4, [0] * 10 + [1] * 45 + [2] * 45)
+    rates = est.rates()
+    assert rates[0] == pytest.approx(0.9, abs=0.01) and rates[1] == pytest.approx(0.5, abs=0.01)
+    assert rates[2] < 0.05
+    assert est.expected_tokens(2) == pytest.approx(1 + rates[0] + rates[0] * rates[1])
+    assert est.expected_tokens(0) == 1.0
+
+
+def test_unseen_depth_borrows_the_depth_before():
+    est = AcceptanceEstimate(3)
+    for _ in range(30):
+        est.observe(1, [1] * 95 + [0] * 5)  # only depth 1 was ever verified
+    assert est.rates()[1] == pytest.approx(est.rates()[0]) == pytest.approx(0.95, abs=0.01)
+
+
+def test_memory_bound_steps_draft_deep_and_compute_bound_steps_go_plain():
+    high = AcceptanceEstimate(6)
+    for _ in range(20):
+        high.observe(6, [6] * 8 + [3] * 2)
+    flat = AdaptiveK(6, _costs(per_token=0.0, fixed=1.0, mtp=0.02))  # verifying k+1 costs what 1 costs
+    flat.acceptance = high
+    assert flat.choose(rows=1) == 6
+    linear = AdaptiveK(6, _costs(per_token=1.0, fixed=0.0, mtp=0.3))  # k+1 tokens cost k+1 times as much
+    linear.acceptance = high
+    assert linear.choose(rows=64) == 0
+
+
+def test_measured_steps_correct_the_profile():
+    policy = AdaptiveK(3, _costs(per_token=0.0, fixed=1.0, mtp=0.0, max_k=3))
+    for _ in range(20):
+        policy.acceptance.observe(3, [3] * 10)
+    assert policy.choose(8) == 3
+    for _ in range(10):  # drafting turns out to cost 10x the profile at this size
+        policy.observe(8, 3, seconds=10.0, accepted=[3] * 8)
+        policy.observe(8, 0, seconds=1.0, accepted=[])
+        policy.observe(8, 2, seconds=10.0, accepted=[2] * 8)
+        policy.observe(8, 1, seconds=10.0, accepted=[1] * 8)
+    assert policy.choose(8) == 0
+    assert policy.choose(1) == 3  # another live-batch size keeps its own ratios
+
+
+def test_a_neighbour_of_the_best_is_tried_once():
+    policy = AdaptiveK(6, _costs(per_token=0.0, fixed=1.0, mtp=0.05))
+    best = policy.choose(4)
+    policy.observe(4, best, 1.0, [])  # timing only: the acceptance estimate stays
+    policy.observe(4, best, 1.0, [])  # timing only: the acceptance estimate stays
+    assert policy.choose(4) in (best - 1, best + 1)
+
+
+def test_profile_times_every_shape(spec_model):
+    costs = profile(spec_model, max_rows=5, max_k=3)
+    assert set(costs.trunk) == {(r, t) for r in (1, 4, 5) for t in (1, 4)}
+    assert all(s > 0 for s in costs.trunk.values()) and all(s > 0 for s in costs.mtp.values())
+    assert costs.predict(3, 2) > 0
+    assert step_costs(spec_model, max_rows=5, max_k=3) is step_costs(spec_model, max_rows=4, max_k=2)
+
+
+@pytest.fixture(scope="module")
+def spec_model(hf_model_dir):
+    _, path = hf_model_dir
+    model = load_model(path)
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    return model
+
+
+@pytest.mark.parametrize("mode", ["rs", "to"])
+def test_auto_equals_greedy_at_temperature_zero(spec_model, mode):
+    prompts = _ids(PROMPTS)
+    ref = generate(spec_model, prompts, max_new_tokens=25, sampling=SamplingParams(0.0))
+    gens, metrics = spec.speculative_generate(spec_model, prompts, k="auto", max_k=4, mode=mode, max_new_tokens=25,
+                                              sampling=SamplingParams(0.0))
+    assert [g.token_ids for g in gens] == [r.token_ids for r in ref]
+    assert metrics.k == 4 and sum(sum(c.values()) for c in metrics.k_histogram.values()) > 0
+
+
+@pytest.mark.parametrize("k,max_k,needle", [("auto", 0, "--max-k"), ("auto", 9, "--max-k"), ("deep", 6, "auto"),
+                                            (0, 6, "K")])
+def test_bad_adaptive_settings(spec_model, k, max_k, needle):
+    with pytest.raises(BebopError, match=needle):
+        spec.speculative_generate(spec_model, _ids(["a"]), k=k, max_k=max_k, mode="rs", max_new_tokens=3)
