@@ -1,75 +1,94 @@
-"""Rollout throughput: speculative decoding (MTP head) against plain decoding, side by side.
+"""Rollout throughput: speculative decoding (MTP head; fixed K and --k auto) against plain decoding,
+and the engine after a change against the engine before it, side by side in one run.
 
-    python benchmarks/spec_vs_plain.py --model DIR [--mode rs] [--k 3] [--batch-sizes 1,8,64]
-                                       [--runs 3] [--task math] [--temperature 1.0]
+    python benchmarks/spec_vs_plain.py --model DIR [--before REV] [--cases 1:longtail,64:uniform,64:longtail]
+                                       [--arms plain,rs:3,rs:auto] [--runs 3]
 
-DIR is a policy with a trained MTP head. For each batch size the same task prompts are generated
-with plain decoding and with speculative decoding, alternating, `--runs` times; tokens/s counts
-every generated token. Prints one JSON line per batch size with the median speedup, the measured
-mean acceptance length, and the goal ratio speedup / (0.8 * mean acceptance length).
+DIR is a policy with a trained MTP head. A case is BATCH:LENGTHS (decode_worker.py: `uniform` =
+every row exactly --uniform-tokens with no stop, `longtail` = task prompts stopping at <eos>, up to
+384 new tokens: the RL config's lengths). An arm is `plain` or MODE:K. With --before REV the arms
+that REV's engine supports (plain and fixed K) also run on a git worktree of REV. Every (case, arm,
+engine) is a fresh process timed after a warm-up; the order rotates every run. Per case it prints
+one JSON line: median tokens/s per arm and the median over runs of each run's ratio to plain
+decoding of the same engine (and, with --before, of each arm after / before).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+from pathlib import Path
 
-import torch
+from common import machine, median
 
-from bebop.engine import generate
-from bebop.engine.speculative import speculative_generate
-from bebop.policy import load_policy
-from bebop.rollout import encode_prompts
-from bebop.sampling import SamplingParams
-from bebop.tasks import get_task
-from common import machine, median, timed
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+
+
+def worktree(rev: str) -> Path:
+    path = Path(f"/tmp/bebop-before-{rev}")
+    if not path.exists():
+        subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", str(path), rev], check=True,
+                       capture_output=True)
+    return path / "src"
+
+
+def run_arm(src: Path, model: str, batch: int, lengths: str, arm: str, args) -> dict:
+    cmd = [sys.executable, str(HERE / "decode_worker.py"), "--src", str(src), "--model", model, "--batch", str(batch),
+           "--lengths", lengths, "--temperature", str(args.temperature), "--task", args.task,
+           "--uniform-tokens", str(args.uniform_tokens), "--max-k", str(args.max_k)]
+    if arm != "plain":
+        mode, k = arm.split(":")
+        cmd += ["--spec", mode, "--k", k]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--mode", default="rs")
-    parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--batch-sizes", default="1,8,64")
+    parser.add_argument("--before", help="a git revision whose engine runs beside this one")
+    parser.add_argument("--cases", default="1:longtail,64:uniform,64:longtail")
+    parser.add_argument("--arms", default="plain,rs:3,rs:auto")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--task", default="math")
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--uniform-tokens", type=int, default=48)
+    parser.add_argument("--max-k", type=int, default=6)
     args = parser.parse_args()
-    policy = load_policy(args.model, device="cpu")
-    task = get_task(args.task)
-    sampling = SamplingParams(args.temperature)
-    for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        prompts = encode_prompts(policy, task.problems("test", batch, seed=batch))
-        common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, stop_ids=policy.stop_ids,
-                      pad_id=policy.pad_id)
-        stats = {"plain": [], "spec": [], "accept_len": []}
-
-        def run_plain(seed):
-            gens = generate(policy.model, prompts, generator=torch.Generator().manual_seed(seed), **common)
-            return sum(len(g.token_ids) for g in gens)
-
-        def run_spec(seed):
-            gens, metrics = speculative_generate(policy.model, prompts, k=args.k, mode=args.mode,
-                                                 generator=torch.Generator().manual_seed(seed), **common)
-            stats["accept_len"].append(metrics.mean_acceptance_length)
-            return sum(len(g.token_ids) for g in gens)
-
-        run_plain(0), run_spec(0)  # warm up
-        ratios = []
+    engines = {"after": SRC}
+    if args.before:
+        engines["before"] = worktree(args.before)
+    arms = args.arms.split(",")
+    jobs = [(eng, arm) for eng in engines for arm in arms if not (eng == "before" and arm.endswith(":auto"))]
+    for case in args.cases.split(","):
+        batch, lengths = case.split(":")
+        results: dict = {job: [] for job in jobs}
         for r in range(args.runs):
-            tokens = {}
-            t_plain = timed(lambda: tokens.__setitem__("plain", run_plain(r + 1)))
-            t_spec = timed(lambda: tokens.__setitem__("spec", run_spec(r + 1)))
-            stats["plain"].append(tokens["plain"] / t_plain)
-            stats["spec"].append(tokens["spec"] / t_spec)
-            ratios.append(stats["spec"][-1] / stats["plain"][-1])
-        accept = median(stats["accept_len"])
-        print(json.dumps({"batch": batch, "mode": args.mode, "k": args.k, "temperature": args.temperature,
-                          "runs": args.runs, "plain_tok_s": median(stats["plain"]), "spec_tok_s": median(stats["spec"]),
-                          "speedup_median": median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
-                          "mean_acceptance_length": accept, "goal_ratio": median(ratios) / (0.8 * accept)}), flush=True)
+            for job in jobs[r % len(jobs):] + jobs[: r % len(jobs)]:  # rotate the order every run
+                results[job].append(run_arm(engines[job[0]], args.model, int(batch), lengths, job[1], args))
+        print(json.dumps(summarise(case, jobs, results, args.runs)), flush=True)
     print(json.dumps({"machine": machine()}))
+
+
+def summarise(case: str, jobs, results, runs: int) -> dict:
+    out = {"case": case, "runs": runs}
+    for eng, arm in jobs:
+        key = f"{eng}/{arm}"
+        res = results[(eng, arm)]
+        out[key] = {"tok_s": median([x["tok_s"] for x in res]), "accept_len": median([x["accept_len"] for x in res]),
+                    "len_p50": res[0]["len_p50"], "len_max": res[0]["len_max"]}
+        if (eng, "plain") in results and arm != "plain":
+            ratios = [x["tok_s"] / p["tok_s"] for x, p in zip(res, results[(eng, "plain")])]
+            out[key].update(vs_plain=median(ratios), vs_plain_min=min(ratios), vs_plain_max=max(ratios))
+        if eng == "after" and ("before", arm) in results:
+            ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(res, results[("before", arm)])]
+            out[key]["vs_before"] = median(ratios)
+        if "k_histogram" in res[-1]:
+            out[key]["k_histogram"] = res[-1]["k_histogram"]
+    return out
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bebop.commands.flags import add_device_args, add_sampling_args, add_spec_args
 from bebop.errors import BebopError
 
 
@@ -21,23 +22,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--out", help="write JSONL here instead of stdout")
-    p.add_argument("--spec", choices=("off", "to", "rs"), default="off",
-                   help="speculative decoding with the model's MTP head: target-only or rejection sampling")
-    p.add_argument("--k", type=int, default=3, help="drafts per step (1..8)")
-    p.add_argument("--metrics-out", help="with --spec: write the acceptance metrics here (else stderr)")
+    add_spec_args(p)
+    p.add_argument("--metrics-out", help="write the metrics here (else stderr): throughput, and with --spec "
+                                         "the acceptance metrics")
     add_device_args(p)
     p.set_defaults(func=_run_generate)
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
-
-
-def add_device_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
 
 
 def _run_generate(args: argparse.Namespace) -> None:

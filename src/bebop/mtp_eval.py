@@ -16,7 +16,8 @@ import torch
 from tqdm import tqdm
 
 from bebop.engine.metrics import SpecMetrics
-from bebop.engine.speculative import check_spec, speculative_generate
+from bebop.engine.adaptive import AdaptiveK
+from bebop.engine.speculative import DEFAULT_MAX_K, check_spec, speculative_generate
 from bebop.errors import BebopError
 from bebop.policy import Policy
 from bebop.rollout import run_episodes, summarize
@@ -24,11 +25,14 @@ from bebop.sampling import SamplingParams
 from bebop.tasks import Task
 
 
-def speculative_rollout_fn(k: int, mode: str, sink: list[SpecMetrics]):
-    """An engine function for run_episodes that drafts with the MTP head and collects metrics."""
+def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, max_k: int = DEFAULT_MAX_K,
+                           controller: AdaptiveK | None = None):
+    """An engine function for run_episodes that drafts with the MTP head and collects metrics
+    (k="auto": `controller` carries the acceptance estimate and costs across calls)."""
 
     def run(model, prompts, **kwargs):
-        gens, metrics = speculative_generate(model, prompts, k=k, mode=mode, **kwargs)
+        gens, metrics = speculative_generate(model, prompts, k=k, mode=mode, max_k=max_k, controller=controller,
+                                             **kwargs)
         sink.append(metrics)
         return gens
 

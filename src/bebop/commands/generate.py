@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 from tqdm import tqdm
 
 from bebop.engine import generate
 from bebop.engine.metrics import SpecMetrics
-from bebop.engine.speculative import check_spec, speculative_generate
+from bebop.engine.adaptive import AdaptiveK
+from bebop.engine.speculative import AUTO, check_spec_flags, parse_k, speculative_generate
+from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.jsonl import dumps_rows, read_jsonl, write_jsonl
@@ -35,19 +38,32 @@ def collect_prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
-def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) -> tuple[list[dict], SpecMetrics | None]:
+def check_generate_args(policy: Policy, args: argparse.Namespace) -> None:
+    """Every flag problem, before anything is generated or written."""
     if args.max_new_tokens < 1:
         raise BebopError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.batch_size < 1:
         raise BebopError(f"--batch-size must be >= 1, got {args.batch_size}")
-    sampling = sampling_from_args(args)
-    metrics = None
+    check_spec_flags(args.spec, args.k, args.max_k)
     if args.spec != "off":
-        check_spec(args.spec, args.k)
         policy.model.require_mtp()
-        metrics = SpecMetrics(args.k)
+
+
+def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) -> tuple[list[dict], dict]:
+    """Generate every prompt in batches; return the output rows and the metrics: throughput of the
+    decoding alone (model loading excluded) and, with --spec, the acceptance metrics."""
+    args.k = parse_k(args.k)
+    check_generate_args(policy, args)
+    sampling = sampling_from_args(args)
+    spec = None
+    if args.spec != "off":
+        spec = SpecMetrics(args.max_k if args.k == AUTO else args.k)
+    controller = None
+    if args.k == AUTO:
+        costs = step_costs(policy.model, max_rows=min(args.batch_size, len(prompts)), max_k=args.max_k)
+        controller = AdaptiveK(args.max_k, costs)  # one per command: acceptance carries across batches
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
-    rows = []
+    rows, elapsed = [], 0.0
     batches = range(0, len(prompts), args.batch_size)
     for start in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
         texts = prompts[start:start + args.batch_size]
@@ -57,15 +73,20 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
                 raise BebopError(f"prompt {start + i} encodes to no tokens")
         common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, stop_ids=policy.stop_ids,
                       generator=generator, pad_id=policy.pad_id)
-        if metrics is None:
+        t0 = time.perf_counter()
+        if spec is None:
             gens = generate(policy.model, ids, **common)
         else:
-            gens, batch_metrics = speculative_generate(policy.model, ids, k=args.k, mode=args.spec, **common)
-            metrics = metrics.merge(batch_metrics)
+            gens, batch_metrics = speculative_generate(policy.model, ids, k=args.k, mode=args.spec, max_k=args.max_k,
+                                                       controller=controller, **common)
+            spec = spec.merge(batch_metrics)
+        elapsed += time.perf_counter() - t0
         for text, gen in zip(texts, gens):
             rows.append({"prompt": text, "completion": policy.codec.decode(gen.completion_ids), "token_ids": gen.token_ids,
                          "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
-    return rows, metrics
+    tokens = sum(len(r["token_ids"]) for r in rows)
+    metrics = {"elapsed_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else 0.0}
+    return rows, {**metrics, **(spec.to_dict() if spec else {})}
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -76,8 +97,7 @@ def run_generate(args: argparse.Namespace) -> None:
         write_jsonl(args.out, rows)
     else:
         sys.stdout.write(dumps_rows(rows))
-    if metrics is not None:
-        if args.metrics_out:
-            atomic_write_json(args.metrics_out, metrics.to_dict())
-        else:
-            print(json.dumps(metrics.to_dict()), file=sys.stderr)
+    if args.metrics_out:
+        atomic_write_json(args.metrics_out, metrics)
+    else:
+        print(json.dumps(metrics), file=sys.stderr)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from bebop.rl.config import BACKENDS, MODES, MTP_UPDATES, SPEC_CHOICES, Backend, RLConfig
+from bebop.commands.flags import add_spec_args
+from bebop.engine.speculative import parse_k
+from bebop.rl.config import BACKENDS, MODES, MTP_UPDATES, Backend, RLConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,8 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="run directory: config.json, metrics.jsonl, checkpoints, model/")
     p.add_argument("--mode", choices=MODES, default=None,
                    help=f"default: {d.mode} with --backend local, async with --backend ray")
-    p.add_argument("--spec", choices=SPEC_CHOICES, default=d.spec, help="rollouts: plain, target-only or rejection sampling")
-    p.add_argument("--k", type=int, default=d.k, help="drafts per step")
+    add_spec_args(p, spec=d.spec, k=d.k)
     p.add_argument("--mtp-update", choices=MTP_UPDATES, default=d.mtp_update, help="online MTP strategy")
     p.add_argument("--group-size", type=int, default=d.group_size, help="G: samples per prompt (>= 2)")
     p.add_argument("--batch-prompts", type=int, default=d.batch_prompts, help="prompts per step")
@@ -48,8 +49,8 @@ def run(args: argparse.Namespace) -> None:
     from bebop.rl.loop import train_rl
 
     mode = args.mode or ("async" if args.backend == "ray" else RLConfig().mode)
-    cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=mode, spec=args.spec, k=args.k,
-                   mtp_update=args.mtp_update, group_size=args.group_size, batch_prompts=args.batch_prompts,
+    cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=mode, spec=args.spec,
+                   k=parse_k(args.k), max_k=args.max_k, mtp_update=args.mtp_update, group_size=args.group_size, batch_prompts=args.batch_prompts,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr, mtp_lr=args.mtp_lr,
                    kl_coef=args.kl_coef, clip_eps=args.clip_eps, max_staleness=args.max_staleness,
                    difficulty=args.difficulty, seed=args.seed, save_every=args.save_every)

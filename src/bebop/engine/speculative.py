@@ -61,6 +61,25 @@ def check_spec(mode: str, k: int | str, max_k: int = DEFAULT_MAX_K) -> None:
         raise BebopError(f"K (drafts per step) must be 'auto' or in [1, {MAX_K}], got {k}")
 
 
+def parse_k(text: str | int) -> int | str:
+    """A --k value: 'auto' or a number of drafts per step."""
+    if text == AUTO or isinstance(text, int):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise BebopError(f"--k must be 'auto' or an integer in [1, {MAX_K}], got {text!r}") from None
+
+
+def check_spec_flags(spec: str, k: int | str, max_k: int) -> None:
+    """The command-line combination: --spec off|to|rs with --k and --max-k."""
+    if spec == "off":
+        if k == AUTO:
+            raise BebopError("--k auto chooses how many drafts to verify: it needs --spec to or --spec rs")
+        return
+    check_spec(spec, k, max_k)
+
+
 def _draft(model: CausalLM, mtp_cache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor, ref_count: torch.Tensor,
            k: int, mode: str, sampling: SamplingParams, generator, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Refresh the MTP cache with the pending positions, then draft k tokens (k = 0: refresh only).

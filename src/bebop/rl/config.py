@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bebop.engine.speculative import check_spec
+from bebop.engine.speculative import AUTO, check_spec_flags
 from bebop.errors import BebopError
 from bebop.tasks import get_task
 
@@ -22,7 +22,8 @@ class RLConfig:
     steps: int = 50
     mode: str = "sync"
     spec: str = "off"
-    k: int = 3
+    k: int | str = 3  # drafts per step, or "auto" (adaptive, up to max_k)
+    max_k: int = 6
     mtp_update: str = "none"
     group_size: int = 4
     batch_prompts: int = 8
@@ -47,8 +48,7 @@ class RLConfig:
             raise BebopError(f"unknown --mode {self.mode!r}; choose from {', '.join(MODES)}")
         if self.spec not in SPEC_CHOICES:
             raise BebopError(f"unknown --spec {self.spec!r}; choose from {', '.join(SPEC_CHOICES)}")
-        if self.spec != "off":
-            check_spec(self.spec, self.k)
+        check_spec_flags(self.spec, self.k, self.max_k)
         if self.mtp_update not in MTP_UPDATES:
             raise BebopError(f"unknown --mtp-update {self.mtp_update!r}; choose from {', '.join(MTP_UPDATES)}")
         if self.group_size < 2:
@@ -64,6 +64,11 @@ class RLConfig:
         if self.max_staleness < 0:
             raise BebopError(f"--max-staleness must be >= 0, got {self.max_staleness}")
         get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError
+
+    @property
+    def draft_depths(self) -> int:
+        """The deepest draft a step may verify (K, or --max-k with --k auto): also the online MTP depths."""
+        return self.max_k if self.k == AUTO else self.k
 
     @property
     def needs_head(self) -> bool:

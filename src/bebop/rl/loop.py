@@ -98,6 +98,7 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
         mean_acceptance_length=spec.mean_acceptance_length if spec else 1.0,
         acceptance_rate=spec.acceptance_rate if spec else None,
         acceptance_rate_per_position=spec.acceptance_rate_per_position if spec else [],
+        k_histogram=spec.to_dict()["k_histogram"] if spec else {},
         rollout_s=b.rollout_s, wait_s=fetched.wait_s, train_s=train_s, step_s=step_s,
         generated_tokens=b.generated_tokens, tokens_per_s=b.generated_tokens / max(b.rollout_s, 1e-9),
         **length_percentiles([r.num_policy_tokens for r in b.rollouts]),

@@ -36,6 +36,7 @@ class StepMetrics:
     mean_acceptance_length: float  # 1.0 without drafting (one token per target forward)
     acceptance_rate: float | None  # None without drafting
     acceptance_rate_per_position: list[float] = field(default_factory=list)
+    k_histogram: dict = field(default_factory=dict)  # {live-batch range: {k: steps}} (engine metrics)
     rollout_s: float = 0.0
     wait_s: float = 0.0  # trainer time spent waiting for the batch (async: < rollout_s when overlapped)
     train_s: float = 0.0

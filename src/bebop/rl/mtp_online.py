@@ -65,7 +65,7 @@ class OnlineMTP:
     def __init__(self, policy: Policy, loss: str, cfg: RLConfig) -> None:
         self.policy = policy
         self.params = head_parameters(policy.model)
-        self.train_cfg = MTPTrainConfig(loss=loss, depths=cfg.k, temperature=cfg.temperature, lr=cfg.mtp_lr,
+        self.train_cfg = MTPTrainConfig(loss=loss, depths=cfg.draft_depths, temperature=cfg.temperature, lr=cfg.mtp_lr,
                                         grad_clip=cfg.mtp_grad_clip)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.mtp_lr, weight_decay=0.0, betas=(0.9, 0.95))
 

@@ -15,7 +15,10 @@ import time
 import torch
 
 from bebop.engine import generate
+from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.metrics import SpecMetrics
+from bebop.engine.speculative import AUTO
+from bebop.engine.step_costs import step_costs
 from bebop.mtp_eval import merged, speculative_rollout_fn
 from bebop.policy import Policy
 from bebop.rl.config import RLConfig
@@ -31,6 +34,16 @@ STREAM_STRIDE = 1_000_003  # seeds of batch i: seed * STREAM_STRIDE + i (distinc
 class RolloutSampler:
     def __init__(self, task: Task, codec: TextCodec, cfg: RLConfig) -> None:
         self.task, self.codec, self.cfg = task, codec, cfg
+        self.controller: AdaptiveK | None = None
+
+    def _controller(self, model, rows: int) -> AdaptiveK | None:
+        """With --k auto, one controller for the run: its acceptance estimate follows the policy."""
+        if self.cfg.k != AUTO:
+            return None
+        if self.controller is None:
+            costs = step_costs(model, max_rows=min(rows, self.cfg.batch_size), max_k=self.cfg.max_k)
+            self.controller = AdaptiveK(self.cfg.max_k, costs)
+        return self.controller
 
     def batch_seed(self, index: int) -> int:
         return self.cfg.seed * STREAM_STRIDE + index
@@ -49,7 +62,8 @@ class RolloutSampler:
         policy = Policy(model, self.codec)
         problems = self.problems(index)
         sink: list[SpecMetrics] = []
-        generate_fn = generate if cfg.spec == "off" else speculative_rollout_fn(cfg.k, cfg.spec, sink)
+        generate_fn = generate if cfg.spec == "off" else speculative_rollout_fn(
+            cfg.k, cfg.spec, sink, max_k=cfg.max_k, controller=self._controller(model, len(problems)))
         generator = torch.Generator(device=model.device).manual_seed(self.batch_seed(index))
         was_training = model.training
         model.eval()
@@ -63,4 +77,4 @@ class RolloutSampler:
                             ep.generation.policy_mask, ep.reward, policy_version) for ep in episodes]
         summary = summarize(episodes)
         return RolloutBatch(rollouts, cfg.group_size, policy_version, index, rollout_s,
-                            merged(sink, cfg.k) if sink else None, summary["pass_rate"], summary["mean_entropy"])
+                            merged(sink, cfg.draft_depths) if sink else None, summary["pass_rate"], summary["mean_entropy"])

@@ -1,0 +1,24 @@
+"""Flags that several commands share: sampling, speculation, device."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+
+
+def add_spec_args(p: argparse.ArgumentParser, spec: str = "off", k: int | str = 3) -> None:
+    p.add_argument("--spec", choices=("off", "to", "rs"), default=spec,
+                   help="speculative decoding with the model's MTP head: target-only or rejection sampling")
+    p.add_argument("--k", default=str(k), help="drafts per step (1..8), or 'auto': each step verifies the number "
+                                               "that maximises expected tokens per second (0 = a plain step)")
+    p.add_argument("--max-k", type=int, default=6, help="with --k auto: the most drafts a step may verify (1..8)")
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
