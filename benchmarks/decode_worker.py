@@ -1,16 +1,18 @@
 """One timed decoding run in a fresh process, against the bebop source tree given by --src.
 
-    python benchmarks/decode_worker.py --src SRC --model DIR --batch 64 --spec rs --k auto --lengths longtail
+    python benchmarks/decode_worker.py --src SRC --model DIR --prompts P.json --spec rs --k auto --lengths longtail
 
 Used by spec_vs_plain.py so that the engine before a change (a git worktree of an older commit)
 and after it run side by side in one benchmark. Loading and one warm-up run (which also profiles
-the step costs for --k auto) are not timed; the timed run is the second. Prints one JSON line.
+the step costs for --k auto) are not timed; then --repeats timed runs with distinct seeds. Prints one
+JSON line of medians (and the last run's k histogram).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -19,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", required=True, help="the src/ directory of the bebop to time")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--prompts", required=True, help="JSON list of prompt texts (the same file for every engine)")
     parser.add_argument("--spec", default="off")
     parser.add_argument("--k", default="3")
     parser.add_argument("--max-k", type=int, default=6)
@@ -28,22 +30,20 @@ def main() -> None:
                              "longtail: task prompts, stop at <eos>, up to --max-new-tokens")
     parser.add_argument("--uniform-tokens", type=int, default=48)
     parser.add_argument("--max-new-tokens", type=int, default=384)
-    parser.add_argument("--task", default="math")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (seeds seed..seed+repeats-1); medians")
     args = parser.parse_args()
     sys.path.insert(0, args.src)
     import torch
 
     from bebop.engine import generate
     from bebop.policy import load_policy
-    from bebop.rollout import encode_prompts
     from bebop.sampling import SamplingParams
-    from bebop.tasks import get_task
 
     torch.set_num_threads(torch.get_num_threads())
     policy = load_policy(args.model, device="cpu")
-    prompts = encode_prompts(policy, get_task(args.task).problems("test", args.batch, seed=args.batch))
+    prompts = [policy.codec.encode(text) for text in json.loads(open(args.prompts).read())]
     uniform = args.lengths == "uniform"
     common = dict(max_new_tokens=args.uniform_tokens if uniform else args.max_new_tokens,
                   sampling=SamplingParams(args.temperature), stop_ids=() if uniform else policy.stop_ids,
@@ -60,13 +60,18 @@ def main() -> None:
         return speculative_generate(policy.model, prompts, k=k, mode=args.spec, generator=generator, **extra, **common)
 
     run(args.seed + 1000)  # warm-up
-    t0 = time.perf_counter()
-    gens, metrics = run(args.seed)
-    seconds = time.perf_counter() - t0
-    lengths = sorted(len(g.token_ids) for g in gens)
-    out = {"seconds": seconds, "tokens": sum(lengths), "tok_s": sum(lengths) / seconds,
-           "len_p50": lengths[len(lengths) // 2], "len_max": lengths[-1],
-           "accept_len": metrics.mean_acceptance_length if metrics else 1.0}
+    timed = []
+    for seed in range(args.seed, args.seed + args.repeats):
+        t0 = time.perf_counter()
+        gens, metrics = run(seed)
+        seconds = time.perf_counter() - t0
+        lengths = sorted(len(g.token_ids) for g in gens)
+        timed.append({"seconds": seconds, "tokens": sum(lengths), "tok_s": sum(lengths) / seconds,
+                      "len_p50": lengths[len(lengths) // 2], "len_max": lengths[-1],
+                      "accept_len": metrics.mean_acceptance_length if metrics else 1.0,
+                      "metrics": metrics})
+    out = {key: statistics.median(t[key] for t in timed) for key in ("seconds", "tokens", "tok_s", "len_p50",
+                                                                     "len_max", "accept_len")}
     if metrics is not None and hasattr(metrics, "k_histogram"):
         out["k_histogram"] = metrics.to_dict()["k_histogram"]
     print(json.dumps(out))

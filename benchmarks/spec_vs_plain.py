@@ -19,6 +19,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from common import machine, median
@@ -35,9 +36,17 @@ def worktree(rev: str) -> Path:
     return path / "src"
 
 
-def run_arm(src: Path, model: str, batch: int, lengths: str, arm: str, args) -> dict:
-    cmd = [sys.executable, str(HERE / "decode_worker.py"), "--src", str(src), "--model", model, "--batch", str(batch),
-           "--lengths", lengths, "--temperature", str(args.temperature), "--task", args.task,
+def write_prompts(model: str, task: str, batch: int, path: Path) -> Path:
+    """The case's prompts, drawn once with this tree's tasks, so every engine decodes the same ones."""
+    from bebop.tasks import get_task
+
+    path.write_text(json.dumps([p.prompt for p in get_task(task).problems("test", batch, seed=batch)]))
+    return path
+
+
+def run_arm(src: Path, model: str, prompts: Path, lengths: str, arm: str, args) -> dict:
+    cmd = [sys.executable, str(HERE / "decode_worker.py"), "--src", str(src), "--model", model,
+           "--prompts", str(prompts), "--lengths", lengths, "--temperature", str(args.temperature),
            "--uniform-tokens", str(args.uniform_tokens), "--max-k", str(args.max_k)]
     if arm != "plain":
         mode, k = arm.split(":")
@@ -65,10 +74,11 @@ def main() -> None:
     jobs = [(eng, arm) for eng in engines for arm in arms if not (eng == "before" and arm.endswith(":auto"))]
     for case in args.cases.split(","):
         batch, lengths = case.split(":")
+        prompts = write_prompts(args.model, args.task, int(batch), Path(tempfile.mkdtemp()) / "prompts.json")
         results: dict = {job: [] for job in jobs}
         for r in range(args.runs):
             for job in jobs[r % len(jobs):] + jobs[: r % len(jobs)]:  # rotate the order every run
-                results[job].append(run_arm(engines[job[0]], args.model, int(batch), lengths, job[1], args))
+                results[job].append(run_arm(engines[job[0]], args.model, prompts, lengths, job[1], args))
         print(json.dumps(summarise(case, jobs, results, args.runs)), flush=True)
     print(json.dumps({"machine": machine()}))
 

@@ -1,12 +1,14 @@
 """Adaptive speculation: the acceptance estimate, the cost model and the choice of k."""
 
+import math
+
 import pytest
 import torch
 
 from bebop.engine import generate
 from bebop.engine import speculative as spec
-from bebop.engine.adaptive import AcceptanceEstimate, AdaptiveK
-from bebop.engine.step_costs import StepCosts, profile, step_costs
+from bebop.engine.adaptive import PROBE_EVERY, AcceptanceEstimate, AdaptiveK
+from bebop.engine.step_costs import MAX_JUMP, StepCosts, profile, step_costs
 from bebop.errors import BebopError
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
@@ -38,38 +40,85 @@ def test_unseen_depth_borrows_the_depth_before():
     assert est.rates()[1] == pytest.approx(est.rates()[0]) == pytest.approx(0.95, abs=0.01)
 
 
+def _measured(policy: AdaptiveK, rows: int) -> AdaptiveK:
+    """Record a plain and a drafting step at `rows`, exactly as profiled."""
+    policy.observe(rows, 0, policy.costs.profiled(rows, 0), [])
+    policy.observe(rows, 1, policy.costs.profiled(rows, 1), [])
+    return policy
+
+
+def test_plain_and_drafting_steps_are_measured_first():
+    policy = AdaptiveK(4, _costs(per_token=0.0, fixed=1.0, mtp=0.01, max_k=4))
+    assert policy.choose(8) == 0
+    policy.observe(8, 0, 1.0, [])
+    k = policy.choose(8)
+    assert k > 0
+    policy.observe(8, k, 1.0, [])
+    assert policy.choose(33) == 4  # a new bucket starts from its neighbour's measurements: no probe
+
+
 def test_memory_bound_steps_draft_deep_and_compute_bound_steps_go_plain():
     high = AcceptanceEstimate(6)
     for _ in range(20):
         high.observe(6, [6] * 8 + [3] * 2)
     flat = AdaptiveK(6, _costs(per_token=0.0, fixed=1.0, mtp=0.02))  # verifying k+1 costs what 1 costs
     flat.acceptance = high
-    assert flat.choose(rows=1) == 6
+    assert _measured(flat, 1).choose(rows=1) == 6
     linear = AdaptiveK(6, _costs(per_token=1.0, fixed=0.0, mtp=0.3))  # k+1 tokens cost k+1 times as much
     linear.acceptance = high
-    assert linear.choose(rows=64) == 0
+    assert _measured(linear, 64).choose(rows=64) == 0
 
 
 def test_measured_steps_correct_the_profile():
     policy = AdaptiveK(3, _costs(per_token=0.0, fixed=1.0, mtp=0.0, max_k=3))
     for _ in range(20):
         policy.acceptance.observe(3, [3] * 10)
-    assert policy.choose(8) == 3
-    for _ in range(10):  # drafting turns out to cost 10x the profile at this size
-        policy.observe(8, 3, seconds=10.0, accepted=[3] * 8)
-        policy.observe(8, 0, seconds=1.0, accepted=[])
-        policy.observe(8, 2, seconds=10.0, accepted=[2] * 8)
-        policy.observe(8, 1, seconds=10.0, accepted=[1] * 8)
+    assert _measured(policy, 8).choose(8) == 3
+    for _ in range(20):  # drafting turns out to cost 10x the profile at this size
+        policy.observe(8, 3, seconds=10.0, accepted=[])
     assert policy.choose(8) == 0
-    assert policy.choose(1) == 3  # another live-batch size keeps its own ratios
+    assert _measured(policy, 1).choose(1) == 3  # another live-batch size keeps its own ratios
 
 
-def test_a_neighbour_of_the_best_is_tried_once():
-    policy = AdaptiveK(6, _costs(per_token=0.0, fixed=1.0, mtp=0.05))
-    best = policy.choose(4)
-    policy.observe(4, best, 1.0, [])  # timing only: the acceptance estimate stays
-    policy.observe(4, best, 1.0, [])  # timing only: the acceptance estimate stays
-    assert policy.choose(4) in (best - 1, best + 1)
+def test_the_kind_not_chosen_is_probed_again():
+    policy = _measured(AdaptiveK(4, _costs(per_token=1.0, fixed=0.0, mtp=0.5, max_k=4)), 64)
+    choices = []
+    for _ in range(PROBE_EVERY + 3):
+        k = policy.choose(64)
+        choices.append(k)
+        policy.observe(64, k, policy.costs.profiled(64, k), [])
+    assert choices[0] == 0 and choices.count(0) == len(choices) - 1  # plain, but drafting measured again once
+
+
+def test_one_slow_step_moves_the_estimate_a_bounded_amount():
+    costs = _costs(per_token=0.0, fixed=1.0, mtp=0.0, max_k=4)
+    costs.observe(16, 2, seconds=costs.profiled(16, 2))
+    costs.observe(16, 2, seconds=100 * costs.profiled(16, 2))  # the machine stalled for one step
+    assert costs.predict(16, 2) / costs.profiled(16, 2) == pytest.approx(math.exp(0.2 * MAX_JUMP))
+
+
+def test_an_unmeasured_k_borrows_the_ratio_of_its_own_kind():
+    """Drafting steps carry work that plain steps do not (acceptance, drafting loop): a slow drafting
+    step must not make plain steps look slow, nor a fast plain step make drafting look cheap."""
+    costs = _costs(per_token=0.0, fixed=1.0, mtp=0.0, max_k=4)
+    costs.observe(16, 0, seconds=1.0)
+    costs.observe(16, 2, seconds=3.0)
+    assert costs.predict(16, 0) == pytest.approx(1.0)
+    assert costs.predict(16, 4) == pytest.approx(3.0) and costs.predict(16, 1) == pytest.approx(3.0)
+
+
+def test_a_prefill_step_is_not_measured(spec_model):
+    class Recorder(AdaptiveK):
+        def observe(self, rows, k, seconds, accepted):
+            self.calls = getattr(self, "calls", 0) + 1
+            super().observe(rows, k, seconds, accepted)
+
+    policy = Recorder(2, _costs(per_token=0.0, fixed=1.0, mtp=0.0, max_k=2))
+    gens, _ = spec.speculative_generate(spec_model, _ids(["hello"]), k="auto", max_k=2, mode="rs",
+                                        max_new_tokens=5, controller=policy)
+    steps = sum(sum(c.values()) for c in _.k_histogram.values())
+    # every step but the prompt's prefill and the first drafting step (its refresh covers the prompt)
+    assert policy.calls == steps - 2
 
 
 def test_profile_times_every_shape(spec_model):

@@ -258,3 +258,34 @@ def _digits_only_tokenizer(model_dir, out):
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     save_tokenizer(tok, out)
     return out
+
+
+def test_async_thread_split(headed, tmp_path, monkeypatch):
+    """--rollout-threads / --train-threads: the worker and the trainer each run with their own
+    torch thread count (per thread), and the caller's count is restored after the run."""
+    seen = {"collect": [], "train": []}
+    collect, train_step = RolloutSampler.collect, PolicyTrainer.step
+
+    def recording_collect(self, *a, **kw):
+        seen["collect"].append(torch.get_num_threads())
+        return collect(self, *a, **kw)
+
+    def recording_step(self, *a, **kw):
+        seen["train"].append(torch.get_num_threads())
+        return train_step(self, *a, **kw)
+
+    monkeypatch.setattr(RolloutSampler, "collect", recording_collect)
+    monkeypatch.setattr(PolicyTrainer, "step", recording_step)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        train_rl(tmp_path / "run", _cfg(headed, mode="async", rollout_threads=1, train_threads=2), progress=False)
+        assert set(seen["collect"]) == {1} and set(seen["train"]) == {2}
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_bad_thread_counts(headed, tmp_path):
+    with pytest.raises(BebopError, match="threads"):
+        train_rl(tmp_path / "run", _cfg(headed, mode="async", rollout_threads=-1), progress=False)

@@ -34,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--save-every", type=int, default=d.save_every)
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--rollout-threads", type=int, default=d.rollout_threads,
+                   help="async: torch threads of the rollout worker (0 = torch's default)")
+    p.add_argument("--train-threads", type=int, default=d.train_threads,
+                   help="async: torch threads of the trainer (0 = torch's default)")
     p.add_argument("--tensorboard", action="store_true", help="also log to OUT/tb (needs tensorboard)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--no-progress", action="store_true")
@@ -50,10 +54,12 @@ def run(args: argparse.Namespace) -> None:
 
     mode = args.mode or ("async" if args.backend == "ray" else RLConfig().mode)
     cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=mode, spec=args.spec,
-                   k=parse_k(args.k), max_k=args.max_k, mtp_update=args.mtp_update, group_size=args.group_size, batch_prompts=args.batch_prompts,
+                   k=parse_k(args.k), max_k=args.max_k, mtp_update=args.mtp_update,
+                   group_size=args.group_size, batch_prompts=args.batch_prompts,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr, mtp_lr=args.mtp_lr,
                    kl_coef=args.kl_coef, clip_eps=args.clip_eps, max_staleness=args.max_staleness,
-                   difficulty=args.difficulty, seed=args.seed, save_every=args.save_every)
+                   difficulty=args.difficulty, seed=args.seed, save_every=args.save_every,
+                   rollout_threads=args.rollout_threads, train_threads=args.train_threads)
     summary = train_rl(args.out, cfg, resume=args.resume, progress=not args.no_progress,
                        tensorboard=args.tensorboard, device=args.device,
                        backend=Backend(args.backend, args.rollout_workers, args.ray_address))

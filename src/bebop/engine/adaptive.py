@@ -10,9 +10,12 @@ section 3), with alpha_d the running conditional acceptance at depth d (accepted
 decayed so it follows a policy that changes under RL; an unseen depth borrows the depth before it).
 Cost: `StepCosts.predict(rows, k)`. The choice is argmax_k E(k) / cost(rows, k). So a large live
 batch, where a verify over k + 1 tokens per row is compute-bound, falls back to plain steps, and
-a small one drafts deep. A (rows, k) pair next to the best that was never measured is tried once
-after the best has been measured twice, so a pessimistic profile cannot lock a bucket out of a
-better k. The decoding loop counts every decision per live-batch size (SpecMetrics.k_histogram).
+a small one drafts deep. A plain step and a drafting step are measured first; a live-batch bucket
+(octaves: 1, 2-3, 4-7, ...) starts from its nearest measured neighbour and measures the kind it
+is not choosing again every PROBE_EVERY steps, so neither a profile that is off nor one slow step
+can lock it out of the better kind. Only decode steps are measured (every row
+feeds one token, no catch-up refresh): a prefill, an observation or a refresh over skipped steps
+would charge its cost to the k of that step. The decoding loop counts every decision per live-batch size (SpecMetrics.k_histogram).
 
 Anchors: vLLM's adaptive verification (costs profiled at start-up, survival probability per
 draft slot), SGLang's per-batch-size step tiers, TensorRT-LLM's `draft_len_schedule`.
@@ -27,6 +30,7 @@ from bebop.engine.step_costs import StepCosts, rows_bucket
 PRIOR_ACCEPTANCE = 0.7  # alpha before any draft was verified
 PRIOR_WEIGHT = 2.0  # in drafts
 DECAY = 0.9  # per step: acceptance follows about the last 10 steps
+PROBE_EVERY = 32  # measured steps after which the kind (plain / drafting) not chosen is measured again
 
 
 class AcceptanceEstimate:
@@ -64,25 +68,29 @@ class AdaptiveK:
         self.max_k = max_k
         self.costs = costs
         self.acceptance = AcceptanceEstimate(max_k)
-        self.seen: Counter = Counter()  # (rows bucket, k) -> measured steps
+        self.steps = 0  # measured steps
+        self.last_measured: dict[tuple[int, bool], int] = {}  # (rows bucket, drafting) -> step index
 
     def throughput(self, rows: int, k: int) -> float:
         """Predicted emitted tokens per second per row."""
         return self.acceptance.expected_tokens(k) / self.costs.predict(rows, k)
 
     def choose(self, rows: int) -> int:
-        best = max(range(self.max_k + 1), key=lambda k: self.throughput(rows, k))
         bucket = rows_bucket(rows)
-        if self.seen[(bucket, best)] >= 2:
-            for k in (best - 1, best + 1):
-                if 0 <= k <= self.max_k and not self.seen[(bucket, k)]:
-                    return k
-        return best
+        best_draft = max(range(1, self.max_k + 1), key=lambda k: self.throughput(rows, k))
+        for drafting, k in ((False, 0), (True, best_draft)):  # each kind measured once, then re-probed
+            if not self.costs.has_measured(drafting):
+                return k
+            last = self.last_measured.setdefault((bucket, drafting), self.steps)  # a new bucket borrows
+            if self.steps - last > PROBE_EVERY:
+                return k
+        return best_draft if self.throughput(rows, best_draft) > self.throughput(rows, 0) else 0
 
     def observe(self, rows: int, k: int, seconds: float, accepted: list[int]) -> None:
-        """After a step over `rows` live rows with k drafts: its wall time and each drafting row's
-        accepted-draft count (empty when no row drafted)."""
+        """After a decode step over `rows` live rows with k drafts: its wall time and each drafting
+        row's accepted-draft count (empty when no row drafted)."""
         self.costs.observe(rows, k, seconds)
-        self.seen[(rows_bucket(rows), k)] += 1
+        self.last_measured[(rows_bucket(rows), k > 0)] = self.steps
+        self.steps += 1
         if k and accepted:
             self.acceptance.observe(k, accepted)

@@ -167,6 +167,7 @@ class _Run:
         pending = [self.book.pending[row] for row in self.live]
         k = self.choose_k(pending)
         drafting = [k > 0 and len(p) == 1 and c > 0 for p, c in zip(pending, self.log.counts)]
+        typical = all(len(p) == 1 for p in pending) and (not k or max(self.log.counts) <= self.k + 1)
         drafts = draft_probs = None
         if k:
             drafts, draft_probs = self._refresh(k)
@@ -176,7 +177,7 @@ class _Run:
         checked = (logits, draft_probs) if k else (logits,)
         host = to_host([tokens, logprobs, ents, accepted], *checked)  # the step's one host sync
         self._emit(k, pending, drafting, host, hidden)
-        if self.controller:
+        if self.controller and typical:  # a decode step with no catch-up: its time fits the cost model
             self.controller.observe(len(self.live), k, time.perf_counter() - t0,
                                     [int(h[-1]) for h, d in zip(host, drafting) if d])
         self.metrics.record_step(len(self.live), k)

@@ -11,9 +11,12 @@ tokens. A step with k drafts is predicted as
 
     trunk(rows, k + 1) + k * mtp(rows) [+ mtp(rows) for the refresh when k > 0]
 
-Everything else a step does (sampling, acceptance, bookkeeping) is learned from measured steps:
-each (live-rows bucket, k) keeps a running ratio measured / profiled, and an unmeasured k borrows
-the ratio of the nearest measured k in its bucket. Nothing is hard-coded per machine.
+Everything else a step does (sampling, acceptance, drafting-loop bookkeeping) is learned from
+measured steps: each live-rows bucket keeps two running ratios measured / profiled, one for plain
+steps and one for drafting steps (every k shares it: the profile gives the shape in k, the ratio
+the level; a bucket not measured yet starts from the nearest measured one). A ratio is a running mean of log ratios in which one step moves the estimate by at
+most a factor exp(MAX_JUMP) / (1 - RATIO_DECAY), so one step that the machine slowed down (these
+are shared machines) cannot lock a bucket out of drafting. Nothing is hard-coded per machine.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ import torch
 from bebop.model.qwen3 import CausalLM
 
 PROFILE_CONTEXT = 64  # cached positions the profiled forwards attend over
-RATIO_DECAY = 0.8  # weight of the old ratio when a new step is measured
+RATIO_DECAY = 0.8  # weight of the old log ratio when a new step is measured
+MAX_JUMP = 0.5  # a measured log ratio is clipped to the estimate +- this before it is averaged in
 
 
 def rows_bucket(rows: int) -> int:
-    """Half-octave buckets of the live-row count: 1, 2, 3, 4, 5-6, 7-9, 10-13, ..."""
-    return int(round(2 * math.log2(max(1, rows))))
+    """Octave buckets of the live-row count: 1, 2-3, 4-7, 8-15, ... (the k histogram's ranges)."""
+    return max(1, rows).bit_length() - 1
 
 
 def _interp(points: list[tuple[int, float]], x: float) -> float:
@@ -50,31 +54,45 @@ class StepCosts:
         self.trunk = trunk  # (rows, t) -> seconds of a trunk forward + LM head over rows x t tokens
         self.mtp = mtp  # rows -> seconds of one MTP draft step
         self.max_k = max_k
-        self.ratio: dict[tuple[int, int], float] = {}  # (rows bucket, k) -> measured / profiled
+        self.log_ratio: dict[tuple[int, bool], float] = {}  # (rows bucket, drafting) -> log(measured / profiled)
+        self._profiled: dict[tuple[int, int], float] = {}
+
+    def trunk_s(self, rows: int, t: int) -> float:
+        """Profiled seconds of a trunk forward (and LM head) over `t` tokens in each of `rows` rows."""
+        widths = sorted({w for _, w in self.trunk})
+        by_width = [(w, _interp(sorted((r, s) for (r, ww), s in self.trunk.items() if ww == w), rows))
+                    for w in widths]
+        return _interp(by_width, t)
+
+    def mtp_s(self, rows: int) -> float:
+        """Profiled seconds of one MTP draft step over `rows` rows."""
+        return _interp(sorted(self.mtp.items()), rows)
 
     def profiled(self, rows: int, k: int) -> float:
-        widths = sorted({t for _, t in self.trunk})
-        by_width = [(t, _interp(sorted((r, s) for (r, tt), s in self.trunk.items() if tt == t), rows))
-                    for t in widths]
-        draft = k * _interp(sorted(self.mtp.items()), rows)
-        refresh = _interp(sorted(self.mtp.items()), rows) if k else 0.0
-        return _interp(by_width, k + 1) + draft + refresh
+        """Profiled seconds of a step: the verify forward, k draft steps and (k > 0) the refresh."""
+        key = (rows, k)
+        if key not in self._profiled:  # the profile is fixed: interpolate once per (rows, k)
+            self._profiled[key] = self.trunk_s(rows, k + 1) + (k + (1 if k else 0)) * self.mtp_s(rows)
+        return self._profiled[key]
 
     def predict(self, rows: int, k: int) -> float:
-        return self.profiled(rows, k) * self._ratio(rows_bucket(rows), k)
+        return self.profiled(rows, k) * math.exp(self.level(rows_bucket(rows), k > 0))
 
-    def _ratio(self, bucket: int, k: int) -> float:
-        measured = [(abs(kk - k), r) for (b, kk), r in self.ratio.items() if b == bucket]
-        return min(measured)[1] if measured else 1.0
+    def level(self, bucket: int, drafting: bool) -> float:
+        """The bucket's log ratio for this kind of step, else the nearest measured bucket's, else 0."""
+        near = [(abs(b - bucket), r) for (b, d), r in self.log_ratio.items() if d == drafting]
+        return self.log_ratio.get((bucket, drafting), min(near)[1] if near else 0.0)
+
+    def has_measured(self, drafting: bool) -> bool:
+        return any(d == drafting for _, d in self.log_ratio)
 
     def observe(self, rows: int, k: int, seconds: float) -> None:
-        key = (rows_bucket(rows), k)
-        ratio = seconds / max(self.profiled(rows, k), 1e-9)
-        old = self.ratio.get(key)
-        self.ratio[key] = ratio if old is None else RATIO_DECAY * old + (1 - RATIO_DECAY) * ratio
-
-    def measured(self, rows: int, k: int) -> bool:
-        return (rows_bucket(rows), k) in self.ratio
+        key = (rows_bucket(rows), k > 0)
+        new = math.log(max(seconds, 1e-9) / max(self.profiled(rows, k), 1e-9))
+        old = self.log_ratio.get(key)
+        if old is not None:
+            new = RATIO_DECAY * old + (1 - RATIO_DECAY) * min(max(new, old - MAX_JUMP), old + MAX_JUMP)
+        self.log_ratio[key] = new
 
 
 _CACHE: "weakref.WeakKeyDictionary[CausalLM, StepCosts]" = weakref.WeakKeyDictionary()

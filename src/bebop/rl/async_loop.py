@@ -11,7 +11,9 @@ so a missing head tensor is an error, never a silently stale draft) and stamps e
 that snapshot's policy version. The queue is bounded: the worker claims a slot before it
 generates, with max(1, max_staleness) slots, so it runs at most that many batches ahead. The
 trainer drops a batch whose staleness (trainer version - batch version) exceeds max_staleness and
-counts it. torch releases the GIL inside ops, so generation and training overlap on one machine.
+counts it. torch releases the GIL inside ops, so generation and training overlap on one machine;
+`rollout_threads` / `train_threads` split the cores between them (torch's thread count is per
+thread), which on a 2-core machine beats both sharing both cores (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class AsyncSource:
 
     # worker side
     def _work(self, index: int) -> None:
+        if self.sampler.cfg.rollout_threads:  # per thread (OpenMP): the trainer keeps its own count
+            torch.set_num_threads(self.sampler.cfg.rollout_threads)
         while not self.stop.is_set():
             if not self.slots.acquire(timeout=POLL_S):
                 continue

@@ -42,6 +42,8 @@ class RLConfig:
     difficulty: int = 1
     save_every: int = 10
     batch_size: int = 64  # engine rows per generate call
+    rollout_threads: int = 0  # async: torch threads of the rollout worker (0 = torch's default)
+    train_threads: int = 0  # async: torch threads of the trainer (0 = torch's default)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -61,6 +63,8 @@ class RLConfig:
                              f"got {self.temperature}")
         if not (self.lr > 0 and self.mtp_lr > 0 and 0 < self.clip_eps < 1 and self.is_cap >= 1 and self.kl_coef >= 0):
             raise BebopError("need --lr > 0, --mtp-lr > 0, 0 < --clip-eps < 1, is_cap >= 1 and --kl-coef >= 0")
+        if self.rollout_threads < 0 or self.train_threads < 0:
+            raise BebopError("--rollout-threads and --train-threads must be >= 0 (0 = torch's default)")
         if self.max_staleness < 0:
             raise BebopError(f"--max-staleness must be >= 0, got {self.max_staleness}")
         get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError

@@ -137,6 +137,9 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"rl {cfg.task} {cfg.mode}",
                disable=not progress, file=sys.stderr)
     history: list[StepMetrics] = []
+    threads = torch.get_num_threads()
+    if cfg.mode == "async" and cfg.train_threads:
+        torch.set_num_threads(cfg.train_threads)
     try:
         for step in bar:
             t0 = time.perf_counter()
@@ -157,6 +160,7 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
     finally:
         source.close()
         writer.close()
+        torch.set_num_threads(threads)
     write_model_dir(policy.model, Path(cfg.model), out / FINAL_MODEL)
     tail = history[-5:]
     return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),

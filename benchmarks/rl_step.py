@@ -1,0 +1,67 @@
+"""GRPO step time: sync vs async, speculation off vs on, and how async splits the cores between the
+rollout worker and the trainer.
+
+    python benchmarks/rl_step.py --model DIR [--steps 6] [--runs sync:off,sync:rs,async:rs@1/1,async:rs@0/0]
+                                 [--k auto] [--group-size 8] [--batch-prompts 8] [--max-new-tokens 384]
+
+DIR is a policy with a trained MTP head. A run is MODE:SPEC[@ROLLOUT_THREADS/TRAIN_THREADS] (0 =
+torch's default, every core). Each run trains --steps GRPO steps from the same policy and seed
+into a temporary directory; its step time is the median over the steps after the first (which
+pays first-call costs: the cost profile, allocations). Prints one JSON line per run with the step
+split and the speedup of its median step over the first run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from bebop.engine.speculative import parse_k
+from bebop.rl import RLConfig, train_rl
+from common import machine
+
+
+def parse_run(text: str) -> dict:
+    name, _, threads = text.partition("@")
+    mode, spec = name.split(":")
+    rollout, train = (int(x) for x in threads.split("/")) if threads else (0, 0)
+    return {"name": text, "mode": mode, "spec": spec, "rollout_threads": rollout, "train_threads": train}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--runs", default="sync:off,sync:rs,async:off@1/1,async:rs@1/1,async:rs@0/0")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--k", default="auto")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--batch-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=384)
+    parser.add_argument("--task", default="math")
+    args = parser.parse_args()
+    base = None
+    for run in map(parse_run, args.runs.split(",")):
+        cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=run["mode"], spec=run["spec"],
+                       k=parse_k(args.k), group_size=args.group_size, batch_prompts=args.batch_prompts,
+                       max_new_tokens=args.max_new_tokens, save_every=args.steps,
+                       rollout_threads=run["rollout_threads"], train_threads=run["train_threads"])
+        with tempfile.TemporaryDirectory() as tmp:
+            train_rl(Path(tmp) / "run", cfg, progress=False)
+            rows = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        later = rows[1:] or rows
+        med = {key: statistics.median(r[key] for r in later) for key in ("step_s", "rollout_s", "train_s", "wait_s")}
+        base = base or med["step_s"]
+        print(json.dumps({"run": run["name"], **{k: round(v, 3) for k, v in med.items()},
+                          "speedup": round(base / med["step_s"], 3),
+                          "reward": round(statistics.mean(r["reward"] for r in rows), 3),
+                          "accept_len": round(statistics.mean(r["mean_acceptance_length"] for r in rows), 3),
+                          "response_len_p50": statistics.median(r["response_len_p50"] for r in rows),
+                          "response_len_max": max(r["response_len_max"] for r in rows)}), flush=True)
+    print(json.dumps({"machine": machine()}))
+
+
+if __name__ == "__main__":
+    main()
