@@ -66,8 +66,9 @@ class AsyncSource:
 
     # worker side
     def _work(self, index: int) -> None:
-        if self.sampler.cfg.rollout_threads:  # per thread (OpenMP): the trainer keeps its own count
-            torch.set_num_threads(self.sampler.cfg.rollout_threads)
+        threads = getattr(getattr(self.sampler, "cfg", None), "rollout_threads", 0)  # a sampler without a config: 0
+        if threads:  # per thread (OpenMP): the trainer keeps its own count
+            torch.set_num_threads(threads)
         while not self.stop.is_set():
             if not self.slots.acquire(timeout=POLL_S):
                 continue
