@@ -9,7 +9,7 @@ model when the engine first needs it (a scratch cache; a few dozen forwards): th
 `rows x t` tokens (t = 1 for a plain step, k + 1 for a verify) and one MTP draft step over `rows`
 tokens. A step with k drafts is predicted as
 
-    trunk(rows, k + 1) + k * mtp(rows) [+ mtp(rows) for the refresh when k > 0]
+    trunk(rows, k + 1) + k * mtp(rows)     (the refresh over the last step's positions gives depth 1)
 
 Everything else a step does (sampling, acceptance, drafting-loop bookkeeping) is learned from
 measured steps: each live-rows bucket keeps two running ratios measured / profiled, one for plain
@@ -69,10 +69,11 @@ class StepCosts:
         return _interp(sorted(self.mtp.items()), rows)
 
     def profiled(self, rows: int, k: int) -> float:
-        """Profiled seconds of a step: the verify forward, k draft steps and (k > 0) the refresh."""
+        """Profiled seconds of a step: the verify forward and k draft steps (the first is the refresh,
+        whose last position gives depth 1)."""
         key = (rows, k)
         if key not in self._profiled:  # the profile is fixed: interpolate once per (rows, k)
-            self._profiled[key] = self.trunk_s(rows, k + 1) + (k + (1 if k else 0)) * self.mtp_s(rows)
+            self._profiled[key] = self.trunk_s(rows, k + 1) + k * self.mtp_s(rows)
         return self._profiled[key]
 
     def predict(self, rows: int, k: int) -> float:

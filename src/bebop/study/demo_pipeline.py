@@ -79,15 +79,18 @@ class DemoConfig:
     temperatures: tuple = (0.3, 0.5, 0.7, 1.0, 1.3)
     table_temperature: float = 1.0  # the loss table's temperature (one of `temperatures`)
     eval_n: int = 32
-    eval_max_new_tokens: int = 192
+    eval_max_new_tokens: int = 384  # the long tail: the longest math solutions are ~340 tokens
     # 4. RL: GRPO from the rl_head model, {sync, async} x {off, rs}, same seeds
     rl_head: str = "e2e_tv"
     rl_modes: tuple = ("sync", "async")
     rl_specs: tuple = ("off", "rs")
     rl_steps: int = 8
-    rl_group_size: int = 4
+    rl_group_size: int = 8
     rl_batch_prompts: int = 8
-    rl_max_new_tokens: int = 160
+    rl_max_new_tokens: int = 384
+    rl_k: int | str = "auto"  # drafts per step in the rs runs (adaptive, up to 6)
+    rl_rollout_threads: int = 1  # async runs: torch threads of the rollout worker and of the trainer,
+    rl_train_threads: int = 1  # one core each (measured best on 2 cores: docs/benchmarks.md)
     rl_save_every: int = 4
     rl_warmup_steps: int = 1  # steps left out of the median step time (first-call overheads)
 
@@ -131,9 +134,11 @@ class DemoConfig:
 
     def rl_configs(self, model: Path) -> dict[tuple[str, str], RLConfig]:
         return {(mode, spec): RLConfig(model=str(model), task=self.task, steps=self.rl_steps, mode=mode, spec=spec,
-                                       k=self.k, group_size=self.rl_group_size, batch_prompts=self.rl_batch_prompts,
-                                       max_new_tokens=self.rl_max_new_tokens, seed=self.seed,
-                                       save_every=self.rl_save_every)
+                                       k=self.rl_k, group_size=self.rl_group_size,
+                                       batch_prompts=self.rl_batch_prompts, max_new_tokens=self.rl_max_new_tokens,
+                                       seed=self.seed, save_every=self.rl_save_every,
+                                       rollout_threads=self.rl_rollout_threads if mode == "async" else 0,
+                                       train_threads=self.rl_train_threads if mode == "async" else 0)
                 for mode in self.rl_modes for spec in self.rl_specs}
 
     def to_json(self) -> dict:
