@@ -45,16 +45,17 @@ TINY_MODEL = (("hidden_size", 32), ("intermediate_size", 64), ("num_hidden_layer
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Every size of the demo. The default fits about 20 minutes on 2 CPU cores from scratch:
+    """Every size of the demo. The default takes about 23 minutes on 2 CPU cores from scratch
+    (10.3 with the policy reused; docs/example-report):
 
-    stage                       default sizes                                   estimate (2 CPU cores)
-    1. policy (SFT)             650 steps x 32 sequences                        ~9.5 min (measured 572 s); 0 if reused
-    2. heads ce + e2e_tv        192 self-distilled samples, then 2 x 100 steps   ~0.6 min + 2 x ~2 min
+    stage                       default sizes                                   measured (2 CPU cores, 2026-11-30)
+    1. policy (SFT)             600 steps x 32 sequences, 12-layer default      ~12.5 min (765 s); 0 if reused
+    2. heads ce + e2e_tv        192 self-distilled samples, then 2 x 100 steps   ~0.5 min + 2 x ~2.7 min
                                 x 16 sequences over 5 depths
-    3. sweep                    2 heads x {RS, TO} x 5 temperatures, 32 prompts  ~2 min (~6 s per point)
-    4. RL                       4 runs x 8 steps x (8 prompts x 4 samples)       ~4 min (~5 s per step)
-    The estimates come from short timed pieces of each stage on a shared, busy machine (see the
-    report's stage-time table for a real run's figures).
+    3. sweep                    2 heads x {RS, TO} x 5 temperatures, 32 prompts  ~1 min
+    4. RL                       4 runs x 8 steps x (8 prompts x 8 samples),      ~5 min (7-9 s per step)
+                                up to 384 tokens, k auto
+    Times from one real run (docs/example-report); the report has its own stage-time table.
     """
 
     name: str = "full"  # "miniature" marks the smoke-test configuration in the report
@@ -89,8 +90,8 @@ class DemoConfig:
     rl_batch_prompts: int = 8
     rl_max_new_tokens: int = 384
     rl_k: int | str = "auto"  # drafts per step in the rs runs (adaptive, up to 6)
-    rl_rollout_threads: int = 1  # async runs: torch threads of the rollout worker and of the trainer,
-    rl_train_threads: int = 1  # one core each (measured best on 2 cores: docs/benchmarks.md)
+    rl_rollout_threads: int = 0  # async runs: torch threads of the rollout worker and of the trainer
+    rl_train_threads: int = 0  # (0 = torch's default: measured better than one core each, docs/benchmarks.md)
     rl_save_every: int = 4
     rl_warmup_steps: int = 1  # steps left out of the median step time (first-call overheads)
 
@@ -134,7 +135,7 @@ class DemoConfig:
 
     def rl_configs(self, model: Path) -> dict[tuple[str, str], RLConfig]:
         return {(mode, spec): RLConfig(model=str(model), task=self.task, steps=self.rl_steps, mode=mode, spec=spec,
-                                       k=self.rl_k, group_size=self.rl_group_size,
+                                       k=self.rl_k if spec != "off" else RLConfig.k, group_size=self.rl_group_size,
                                        batch_prompts=self.rl_batch_prompts, max_new_tokens=self.rl_max_new_tokens,
                                        seed=self.seed, save_every=self.rl_save_every,
                                        rollout_threads=self.rl_rollout_threads if mode == "async" else 0,

@@ -261,7 +261,8 @@ def section_rl(res: DemoResults) -> list[str]:
     w = res.warmup
     times = {name: step_times(run, w) for name, run in res.rl.items()}
     base = times.get(BASELINE_RUN)
-    any_cfg = next(iter(res.rl.values())).config
+    configs = [run.config for run in res.rl.values()]
+    any_cfg = next((c for c in configs if c and c.get("spec", "off") != "off"), configs[0])  # K of a drafting run
     rows = []
     for name, run in res.rl.items():
         st = times[name]
