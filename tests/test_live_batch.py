@@ -9,6 +9,7 @@ import torch
 
 from bebop.engine import generate
 from bebop.engine import speculative as spec
+from bebop.engine.generate import COMPACT_EVERY
 from bebop.engine.refresh_log import RefreshLog
 from bebop.model import load_model
 from bebop.sampling import SamplingParams, warp_probs
@@ -157,3 +158,26 @@ def test_catch_up_refresh_equals_refreshing_every_step(spec_model, monkeypatch):
             out = mtp(hidden, spec_model.embed(torch.tensor([seq[1:]])), 1, cache, torch.tensor([len(seq) - 1]))
             ref = warp_probs(spec_model.mtp_logits(out[0, -1]), params)
         assert torch.allclose(q1[i], ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["rs", "to"])
+def test_finished_rows_ride_along_until_enough_of_them_finished(spec_model, monkeypatch, mode):
+    """In a larger batch a finished row stays in the forward (feeding padding nothing keeps) until
+    1/COMPACT_EVERY of the batch has finished: output is unchanged (T=0 == one row at a time)."""
+    prompts = _ids([f"{p}{i}" for i in range(4) for p in PROMPTS])  # 24 rows: compaction waits for 3
+    free = generate(spec_model, prompts[:6], max_new_tokens=30, sampling=SamplingParams(0.0))
+    stops = [EOS_, free[2].token_ids[4], free[1].token_ids[11]]
+    ref = [generate(spec_model, [p], max_new_tokens=30, sampling=SamplingParams(0.0), stop_ids=stops)[0] for p in prompts]
+    sizes, handle = _batch_sizes(spec_model)
+    try:
+        plain = generate(spec_model, prompts, max_new_tokens=30, sampling=SamplingParams(0.0), stop_ids=stops)
+    finally:
+        handle.remove()
+    alive = [sum(len(g.token_ids) > s for g in plain) for s in range(len(sizes))]
+    assert any(n > a for n, a in zip(sizes, alive))  # finished rows rode along for a while
+    assert all(n == a or (n - a) * COMPACT_EVERY < n for n, a in zip(sizes, alive))
+    monkeypatch.setattr(spec, "_draft", _oracle_drafter(spec_model, prompts, corrupt=0.4, seed=3))
+    gens, _ = spec.speculative_generate(spec_model, prompts, k="auto", max_k=3, mode=mode, max_new_tokens=30,
+                                        sampling=SamplingParams(0.0), stop_ids=stops, controller=Schedule((2, 0, 3)))
+    for a, b, c in zip(plain, gens, ref):
+        assert a.token_ids == b.token_ids == c.token_ids and a.finish_reason == b.finish_reason == c.finish_reason

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk
+from bebop.engine.generate import cache_capacity, check_prompts, pad_chunk, rows_to_keep
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.records import Generation
 from bebop.engine.refresh_log import RefreshLog
@@ -167,7 +167,7 @@ class _Run:
         pending = [self.book.pending[row] for row in self.live]
         k = self.choose_k(pending)
         drafting = [k > 0 and len(p) == 1 and c > 0 for p, c in zip(pending, self.log.counts)]
-        typical = all(len(p) == 1 for p in pending) and (not k or max(self.log.counts) <= self.k + 1)
+        typical = all(len(p) == 1 for p in pending if p) and (not k or max(self.log.counts) <= self.k + 1)
         drafts = draft_probs = None
         if k:
             drafts, draft_probs = self._refresh(k)
@@ -238,8 +238,8 @@ class _Run:
         self.log.add(hidden, counts, next_tokens)
 
     def _leave_finished(self) -> None:
-        keep = live_rows(self.book, self.live)
-        if len(keep) == len(self.live):
+        keep = rows_to_keep(self.book, self.live)
+        if keep is None:
             return
         self.live = [self.live[i] for i in keep]
         self.trunk_len = [self.trunk_len[i] for i in keep]
