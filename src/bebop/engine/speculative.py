@@ -15,7 +15,8 @@ One step, for every live row at once:
   3. accept with `rejection_sample` or `target_only_sample` (lossless), emit 1..k+1 tokens;
      stop tokens and max_new_tokens truncate inside the accepted run (RowBook).
   4. roll both caches back to the valid lengths (a length change, no copy); rows that finished
-     leave the batch (the caches keep only live rows), so later steps cost the live rows only.
+     leave the batch once they are 1/COMPACT_EVERY of it (the caches keep only live rows), so
+     later steps cost about the live rows only.
 A row whose next input is an environment observation (agent task) feeds it as a prefill in the
 same verify forward and samples plainly for that step; drafting resumes on the next step.
 Exactly one device->host transfer per step (the emitted tokens and their log-probs).
