@@ -53,3 +53,15 @@ def tiny_model_dir(tmp_path_factory):
     init_model_dir(path, seed=0, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
     return path
+
+
+@pytest.fixture(scope="module")
+def spec_model(hf_model_dir):
+    """The transformers-saved tiny model with a fresh MTP head (seed 0): one per test module, since
+    some tests corrupt its weights on purpose."""
+    from bebop.model import load_model
+
+    _, path = hf_model_dir
+    model = load_model(path)
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    return model

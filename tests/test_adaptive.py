@@ -3,14 +3,12 @@
 import math
 
 import pytest
-import torch
 
 from bebop.engine import generate
 from bebop.engine import speculative as spec
 from bebop.engine.adaptive import PROBE_EVERY, AcceptanceEstimate, AdaptiveK
 from bebop.engine.step_costs import MAX_JUMP, StepCosts, profile, step_costs
 from bebop.errors import BebopError
-from bebop.model import load_model
 from bebop.sampling import SamplingParams
 from test_speculative import PROMPTS, _ids
 
@@ -127,14 +125,6 @@ def test_profile_times_every_shape(spec_model):
     assert all(s > 0 for s in costs.trunk.values()) and all(s > 0 for s in costs.mtp.values())
     assert costs.predict(3, 2) > 0
     assert step_costs(spec_model, max_rows=5, max_k=3) is step_costs(spec_model, max_rows=4, max_k=2)
-
-
-@pytest.fixture(scope="module")
-def spec_model(hf_model_dir):
-    _, path = hf_model_dir
-    model = load_model(path)
-    model.attach_mtp(1, torch.Generator().manual_seed(0))
-    return model
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])

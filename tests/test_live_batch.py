@@ -11,20 +11,11 @@ from bebop.engine import generate
 from bebop.engine import speculative as spec
 from bebop.engine.generate import COMPACT_EVERY
 from bebop.engine.refresh_log import RefreshLog
-from bebop.model import load_model
 from bebop.sampling import SamplingParams, warp_probs
 from conftest import CHAR_CODEC
 from test_speculative import PROMPTS, _assert_follows, _ids, _mixture_drafter, _oracle_drafter
 
 EOS_ = CHAR_CODEC.eos_id
-
-
-@pytest.fixture(scope="module")
-def spec_model(hf_model_dir):
-    _, path = hf_model_dir
-    model = load_model(path)
-    model.attach_mtp(1, torch.Generator().manual_seed(0))
-    return model
 
 
 class Schedule:

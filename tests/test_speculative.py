@@ -17,14 +17,6 @@ PROMPTS = ["Q: 12 + 7 = ?", "hello world", "a", "The price of 3 apples is", "xy"
 EOS = CHAR_CODEC.eos_id
 
 
-@pytest.fixture(scope="module")
-def spec_model(hf_model_dir):
-    _, path = hf_model_dir
-    model = load_model(path)
-    model.attach_mtp(1, torch.Generator().manual_seed(0))
-    return model
-
-
 def _ids(prompts):
     return [CHAR_CODEC.encode(p) for p in prompts]
 

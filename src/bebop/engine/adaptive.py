@@ -13,9 +13,10 @@ batch, where a verify over k + 1 tokens per row is compute-bound, falls back to 
 a small one drafts deep. A plain step and a drafting step are measured first; a live-batch bucket
 (octaves: 1, 2-3, 4-7, ...) starts from its nearest measured neighbour and measures the kind it
 is not choosing again every PROBE_EVERY steps, so neither a profile that is off nor one slow step
-can lock it out of the better kind. Only decode steps are measured (every row
-feeds one token, no catch-up refresh): a prefill, an observation or a refresh over skipped steps
-would charge its cost to the k of that step. The decoding loop counts every decision per live-batch size (SpecMetrics.k_histogram).
+can lock it out of the better kind. Only decode steps are measured (every row feeds one token, no
+catch-up refresh): a prefill, an observation or a refresh over skipped steps would charge its cost
+to the k of that step. The decoding loop counts every decision per live-batch size
+(SpecMetrics.k_histogram).
 
 Anchors: vLLM's adaptive verification (costs profiled at start-up, survival probability per
 draft slot), SGLang's per-batch-size step tiers, TensorRT-LLM's `draft_len_schedule`.
@@ -23,9 +24,8 @@ draft slot), SGLang's per-batch-size step tiers, TensorRT-LLM's `draft_len_sched
 
 from __future__ import annotations
 
-from collections import Counter
-
-from bebop.engine.step_costs import StepCosts, rows_bucket
+from bebop.engine.metrics import rows_bucket
+from bebop.engine.step_costs import StepCosts
 
 PRIOR_ACCEPTANCE = 0.7  # alpha before any draft was verified
 PRIOR_WEIGHT = 2.0  # in drafts

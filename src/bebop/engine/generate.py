@@ -7,8 +7,8 @@ Each step feeds every unfinished row its pending tokens (the prompt at first, th
 sampled token, or an environment observation) in ONE forward call: rows are ragged and the
 cache appends at each row's own offset. The batch is live: rows that finish leave the cache and
 every later forward (`KVCache.keep`) once they are 1/COMPACT_EVERY of the batch, so a step costs
-about the rows still generating without copying the cache for every finished row. Only the last position of each row goes through the
-LM head. One host sync per step (the sampled tokens), which also decides which rows stopped.
+about the rows still generating without copying the cache for every finished row. Only the last
+position of each row goes through the LM head. One host sync per step (the sampled tokens), which also decides which rows stopped.
 
 Seeds: with a given generator state, prompts, batch composition and settings, the output is
 reproducible. A row's samples do depend on which rows share its batch (one generator draws for

@@ -17,9 +17,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 
+def rows_bucket(rows: int) -> int:
+    """Octave buckets of the live-row count: 0 for 1 row, 1 for 2-3, 2 for 4-7, ..."""
+    return max(1, rows).bit_length() - 1
+
+
 def size_label(rows: int) -> str:
-    """Power-of-two live-batch ranges: '1', '2-3', '4-7', ..."""
-    lo = 1 << (rows.bit_length() - 1)
+    """The octave's range as text: '1', '2-3', '4-7', ..."""
+    lo = 1 << rows_bucket(rows)
     return str(lo) if lo == 1 else f"{lo}-{2 * lo - 1}"
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from bebop.engine.generate import pad_chunk
+
 
 class RefreshLog:
     def __init__(self, batch: int) -> None:
@@ -43,20 +45,14 @@ class RefreshLog:
     def take(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pending span of every row, left-aligned in position order:
         hidden (R, W, H), next tokens (R, W) (pad_id past a row's count) and counts (R,)."""
-        counts = self.counts
-        width = max(1, max(counts))
-        hidden = self._gather(width)
-        ids = torch.full((len(counts), width), pad_id, dtype=torch.long)
-        for r, toks in enumerate(self.tokens):
-            ids[r, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-        device = hidden.device
-        self.chunks, self.tokens = [], [[] for _ in counts]
-        return hidden, ids.to(device), torch.tensor(counts, dtype=torch.long).to(device)
+        hidden = self._gather(max(1, max(self.counts)))
+        ids, counts = pad_chunk(self.tokens, pad_id, hidden.device)  # (R, W), (R,)
+        self.chunks, self.tokens = [], [[] for _ in self.tokens]
+        return hidden, ids, counts
 
     def _gather(self, width: int) -> torch.Tensor:
-        if len(self.chunks) == 1:
-            hidden = self.chunks[0][0]
-            return hidden[:, :width] if hidden.shape[1] >= width else _pad_positions(hidden, width)
+        if len(self.chunks) == 1:  # a chunk is as wide as its largest count, so >= width
+            return self.chunks[0][0][:, :width]
         hidden = torch.cat([h for h, _ in self.chunks], dim=1)  # (R, sum T, H)
         valid = torch.cat([torch.arange(h.shape[1])[None, :] < torch.tensor(c)[:, None] for h, c in self.chunks],
                           dim=1)  # (R, sum T) on the host: counts are host-known
@@ -74,8 +70,3 @@ class RefreshLog:
             kept.append((hidden.index_select(0, index), [counts[r] for r in rows]))
         self.chunks = [(h, c) for h, c in kept if any(c)]
         self.tokens = [self.tokens[r] for r in rows]
-
-
-def _pad_positions(hidden: torch.Tensor, width: int) -> torch.Tensor:
-    pad = hidden.new_zeros(hidden.shape[0], width - hidden.shape[1], hidden.shape[2])
-    return torch.cat([hidden, pad], dim=1)

@@ -157,8 +157,7 @@ class _Run:
         self.metrics = SpecMetrics(k)
         self._leave_finished()
 
-    def choose_k(self, pending: list[list[int]]) -> int:
-        can_draft = [len(p) == 1 and c > 0 for p, c in zip(pending, self.log.counts)]
+    def choose_k(self, can_draft: list[bool]) -> int:
         if not any(can_draft):
             return 0
         return self.controller.choose(len(self.live)) if self.controller else self.k
@@ -166,9 +165,11 @@ class _Run:
     def step(self) -> None:
         t0 = time.perf_counter()
         pending = [self.book.pending[row] for row in self.live]
-        k = self.choose_k(pending)
-        drafting = [k > 0 and len(p) == 1 and c > 0 for p, c in zip(pending, self.log.counts)]
-        typical = all(len(p) == 1 for p in pending if p) and (not k or max(self.log.counts) <= self.k + 1)
+        logged = self.log.counts
+        can_draft = [len(p) == 1 and c > 0 for p, c in zip(pending, logged)]  # the last token only, history logged
+        k = self.choose_k(can_draft)
+        drafting = [k > 0 and d for d in can_draft]
+        typical = all(len(p) == 1 for p in pending if p) and (not k or max(logged) <= self.k + 1)
         drafts = draft_probs = None
         if k:
             drafts, draft_probs = self._refresh(k)

@@ -27,16 +27,12 @@ import weakref
 
 import torch
 
+from bebop.engine.metrics import rows_bucket
 from bebop.model.qwen3 import CausalLM
 
 PROFILE_CONTEXT = 64  # cached positions the profiled forwards attend over
 RATIO_DECAY = 0.8  # weight of the old log ratio when a new step is measured
 MAX_JUMP = 0.5  # a measured log ratio is clipped to the estimate +- this before it is averaged in
-
-
-def rows_bucket(rows: int) -> int:
-    """Octave buckets of the live-row count: 1, 2-3, 4-7, 8-15, ... (the k histogram's ranges)."""
-    return max(1, rows).bit_length() - 1
 
 
 def _interp(points: list[tuple[int, float]], x: float) -> float:
@@ -81,8 +77,11 @@ class StepCosts:
 
     def level(self, bucket: int, drafting: bool) -> float:
         """The bucket's log ratio for this kind of step, else the nearest measured bucket's, else 0."""
+        own = self.log_ratio.get((bucket, drafting))
+        if own is not None:
+            return own
         near = [(abs(b - bucket), r) for (b, d), r in self.log_ratio.items() if d == drafting]
-        return self.log_ratio.get((bucket, drafting), min(near)[1] if near else 0.0)
+        return min(near)[1] if near else 0.0
 
     def has_measured(self, drafting: bool) -> bool:
         return any(d == drafting for _, d in self.log_ratio)
