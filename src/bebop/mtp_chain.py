@@ -28,22 +28,23 @@ def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.repeat_interleave(groups, dim=1) if groups > 1 else x
 
 
-def _layer_step(layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor, theta: float,
+def _layer_step(layer: DecoderLayer, x: torch.Tensor, offset: int, theta: float,
                 memory: tuple[torch.Tensor, torch.Tensor] | None,
                 own: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """One decoder layer over all chains at one depth.
 
-    x (B, T, H) at `positions` (B, T). memory: this layer's refresh keys/values (B, Hkv, T, Dh),
+    x (B, T, H) at positions offset..offset+T-1. memory: this layer's refresh keys/values (B, Hkv, T, Dh),
     causal over chain starts, or None at depth 1 (then this call's own k/v are the memory).
     own: earlier same-layer entries of each chain [(k, v) (B, Hkv, T, Dh)].
     Returns the layer output (B, T, H) and this call's (k, v)."""
     attn = layer.self_attn
     h = layer.input_layernorm(x)
-    cos, sin = rope_cos_sin(positions, attn.head_dim, theta, h.dtype)
+    t = x.shape[1]
+    positions = torch.arange(offset, offset + t, device=x.device).expand(x.shape[0], t)  # (B, T)
+    cos, sin = rope_cos_sin(positions, attn.head_dim, theta, h.dtype, limit=offset + t)
     q, k, v = attn.project(h, cos, sin)  # (B, Hq, T, Dh), (B, Hkv, T, Dh) x2
     groups = attn.num_heads // attn.num_kv_heads
     mem_k, mem_v = memory if memory is not None else (k, v)
-    t = x.shape[1]
     scale = 1.0 / math.sqrt(attn.head_dim)
     causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # (T, T): key s <= chain t
     scores = [(q @ _expand_kv(mem_k, groups).transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
@@ -67,7 +68,6 @@ def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.
     Returns the head's output (before its norm) for each depth: D tensors (B, T, H)."""
     b, t, _ = hidden.shape
     theta = head.config.rope_theta
-    base = torch.arange(t, device=hidden.device).expand(b, t)  # (B, T) chain start positions
     num_layers = head.num_layers
     memory: list[tuple[torch.Tensor, torch.Tensor]] = []
     own: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(num_layers)]
@@ -76,12 +76,12 @@ def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.
     for depth, embeds in enumerate(token_embeds, start=1):
         x = head.combine(x_in, embeds)  # (B, T, H)
         if depth == 1:
-            results = [_layer_step(layer, x, base, theta, None, []) for layer in head.layers]
+            results = [_layer_step(layer, x, 0, theta, None, []) for layer in head.layers]
             memory = [kv for _, kv in results]
             out = results[0][0]
         else:
             li = (depth - 1) % num_layers
-            out, kv = _layer_step(head.layers[li], x, base + depth - 1, theta, memory[li], own[li])
+            out, kv = _layer_step(head.layers[li], x, depth - 1, theta, memory[li], own[li])
             own[li].append(kv)
         outputs.append(out)
         x_in = out

@@ -31,22 +31,45 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and not self.offset:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight + self.offset) * x.to(dtype)
+        return (self.weight + self.offset) * rms_normalize(x, self.eps)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions (B, T) -> cos, sin (B, 1, T, Dh) for rotate-half RoPE."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions[..., None].float() * inv_freq  # (B, T, Dh/2)
-    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, Dh)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) over the last dim, computed in float32, returned in x's dtype (no weight)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], None, eps)
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+_ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (Dh, theta, dtype, device) -> cos, sin (N, Dh)
+
+
+def _rope_table(head_dim: int, theta: float, dtype: torch.dtype, device: torch.device,
+                limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (N, Dh) for positions 0..N-1, N >= limit: built once, grown by doubling (a decode
+    step then reads two rows instead of computing eight small ops)."""
+    key = (head_dim, theta, dtype, device)
+    table = _ROPE_TABLES.get(key)
+    if table is None or table[0].shape[0] < limit:
+        size = max(limit, 2 * table[0].shape[0] if table is not None else 256)
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+        angles = torch.arange(size, device=device, dtype=torch.float32)[:, None] * inv_freq  # (N, Dh/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (N, Dh)
+        table = angles.cos().to(dtype), angles.sin().to(dtype)
+        _ROPE_TABLES[key] = table
+    return table
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                 limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions (B, T), all < limit (a host-known bound) -> cos, sin (B, T, 1, Dh) for rotate-half
+    RoPE on (B, T, heads, Dh)."""
+    cos, sin = _rope_table(head_dim, theta, dtype, positions.device, limit)
+    return cos[positions][:, :, None], sin[positions][:, :, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, H, T, Dh) rotated by position."""
+    """x (B, T, heads, Dh) rotated by position."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -56,8 +79,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class AttentionContext:
     """What every layer of one forward call shares: rotary tables, positions, mask, cache."""
 
-    cos: torch.Tensor  # (B, 1, T, Dh)
-    sin: torch.Tensor  # (B, 1, T, Dh)
+    cos: torch.Tensor  # (B, T, 1, Dh)
+    sin: torch.Tensor  # (B, T, 1, Dh)
     positions: torch.Tensor  # (B, T) absolute positions of the new tokens
     mask: torch.Tensor | None  # (B, 1, T, S) bool, True = attend; None = plain causal, no cache
     cache: KVCache | None
@@ -79,13 +102,19 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x (B, T, H) -> q (B, Hq, T, Dh), k, v (B, Hkv, T, Dh), normed and rotated."""
+        """x (B, T, H) -> q (B, Hq, T, Dh), k, v (B, Hkv, T, Dh), normed and rotated.
+
+        q and k are normed and rotated as one tensor (same result as q_norm(q), k_norm(k) one by one,
+        half the small ops of a decode step)."""
         b, t, _ = x.shape
-        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = self.q_norm(q.view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, Hq, T, Dh)
-        k = self.k_norm(k.view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        heads = self.num_heads + self.num_kv_heads
+        qkv = self.qkv_proj(x).view(b, t, heads + self.num_kv_heads, self.head_dim)  # (B, T, Hq+2Hkv, Dh)
+        qk, v = qkv.split((heads, self.num_kv_heads), dim=2)  # (B, T, Hq+Hkv, Dh), (B, T, Hkv, Dh)
+        scale = torch.cat([self.q_norm.weight.expand(self.num_heads, -1),
+                           self.k_norm.weight.expand(self.num_kv_heads, -1)])  # (Hq+Hkv, Dh)
+        qk = apply_rope(rms_normalize(qk, self.q_norm.eps) * scale, cos, sin).transpose(1, 2)  # (B, Hq+Hkv, T, Dh)
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        return q, k, v.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         b, t, _ = x.shape
@@ -125,7 +154,8 @@ class DecoderLayer(nn.Module):
 def attention_context(positions: torch.Tensor, cache: KVCache | None, head_dim: int, theta: float,
                       dtype: torch.dtype) -> AttentionContext:
     """Rotary tables and mask for a chunk at `positions` (B, T)."""
-    cos, sin = rope_cos_sin(positions, head_dim, theta, dtype)
+    limit = positions.shape[1] if cache is None else cache.capacity
+    cos, sin = rope_cos_sin(positions, head_dim, theta, dtype, limit)
     mask = None
     if cache is not None:
         span = cache.span + positions.shape[1]
