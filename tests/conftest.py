@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from bebop.embedded import init_model_dir
+from bebop.tasks import get_task
 from bebop.tokenizer import build_char_tokenizer, codec_from_tokenizer, save_tokenizer
+from rl_helpers import DigitTask, make_headed
 
 CHAR_CODEC = codec_from_tokenizer(build_char_tokenizer())
 
@@ -65,3 +67,14 @@ def spec_model(hf_model_dir):
     model = load_model(path)
     model.attach_mtp(1, torch.Generator().manual_seed(0))
     return model
+
+
+@pytest.fixture(scope="module")
+def headed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rl_models")
+    return make_headed(root / "headed", root / "base")
+
+
+@pytest.fixture()
+def digit_reward(monkeypatch):
+    monkeypatch.setattr("bebop.rl.loop.get_task", lambda name, difficulty=1: DigitTask(get_task(name, difficulty)))

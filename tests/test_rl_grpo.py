@@ -89,26 +89,31 @@ def test_environment_tokens_are_masked_out_of_the_loss():
     assert torch.equal(lp.grad != 0, batch.mask)  # env tokens, prompt and padding get exactly zero gradient
 
 
-def test_trainer_logprobs_at_the_sampling_temperature_match_the_engine(tiny_model_dir):
+@pytest.mark.parametrize("sampling,other", [
+    (SamplingParams(0.7), SamplingParams(1.4)),
+    (SamplingParams(1.3), SamplingParams(2.6)),
+    (SamplingParams(1.0, top_k=4), SamplingParams(1.0)),  # the unwarped log-probs would be smaller
+    (SamplingParams(1.0, top_p=0.7), SamplingParams(1.0)),
+])
+def test_trainer_logprobs_under_the_samplers_warping_match_the_engine(tiny_model_dir, sampling, other):
     from bebop.engine import generate
     from bebop.policy import load_policy
     from bebop.rl.trainer import logprobs_of
 
     policy = load_policy(tiny_model_dir, device="cpu")
-    for temperature in (0.7, 1.3):
-        gens = generate(policy.model, [[10, 11, 12], [13, 14]], max_new_tokens=8,
-                        generator=torch.Generator().manual_seed(0), sampling=SamplingParams(temperature))
-        rollouts = [Rollout(g.prompt_ids, g.token_ids, g.logprobs, g.policy_mask, float(i), 0) for i, g in enumerate(gens)]
-        batch = to_train_batch(RolloutBatch(rollouts, 2, 0, 0, 0.0, None, 0.0, 0.0), policy.pad_id)
-        with torch.no_grad():
-            lp, _ = logprobs_of(policy.model, batch, temperature)
-        assert torch.allclose(lp[batch.mask], batch.sampler_logprobs[batch.mask], atol=1e-4)
-        # at another temperature they differ: the recomputation must use the sampler's
-        with torch.no_grad():
-            other, _ = logprobs_of(policy.model, batch, temperature * 2)
-        assert not torch.allclose(other[batch.mask], batch.sampler_logprobs[batch.mask], atol=1e-3)
+    gens = generate(policy.model, [[10, 11, 12], [13, 14]], max_new_tokens=8,
+                    generator=torch.Generator().manual_seed(0), sampling=sampling)
+    rollouts = [Rollout(g.prompt_ids, g.token_ids, g.logprobs, g.policy_mask, float(i), 0) for i, g in enumerate(gens)]
+    batch = to_train_batch(RolloutBatch(rollouts, 2, 0, 0, 0.0, None, 0.0, 0.0), policy.pad_id)
+    with torch.no_grad():
+        lp, _ = logprobs_of(policy.model, batch, sampling)
+    assert torch.allclose(lp[batch.mask], batch.sampler_logprobs[batch.mask], atol=1e-4)
+    # under another warping they differ: the recomputation must use the sampler's
+    with torch.no_grad():
+        wrong, _ = logprobs_of(policy.model, batch, other)
+    assert not torch.allclose(wrong[batch.mask], batch.sampler_logprobs[batch.mask], atol=1e-3)
 
 
 def test_token_logprobs_reject_temperature_zero():
     with pytest.raises(BebopError, match="temperature"):
-        token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), 0.0)
+        token_logprobs(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), SamplingParams(0.0))

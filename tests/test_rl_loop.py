@@ -22,74 +22,19 @@ from bebop.rl.sampler import RolloutSampler
 from bebop.rl.trainer import PolicyTrainer
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
+from rl_helpers import read_metrics, rl_cfg
 
-TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-            head_dim=16, max_position_embeddings=256)
 METRIC_KEYS = {"step", "reward", "pass_rate", "entropy", "mean_acceptance_length", "acceptance_rate_per_position",
                "rollout_s", "train_s", "step_s", "generated_tokens", "tokens_per_s", "staleness", "policy_version",
-               "dropped", "mtp_loss", "response_len_p50", "response_len_p90", "response_len_max"}
-
-
-def make_headed(path, tiny_root):
-    """A tiny random policy (near-uniform next-token distributions) with a fresh MTP head."""
-    from bebop.embedded import init_model_dir
-
-    init_model_dir(tiny_root, seed=0, **TINY)
-    model = load_model(tiny_root)
-    model.attach_mtp(1, torch.Generator().manual_seed(0))
-    save_model(model, path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (path / name).write_text((tiny_root / name).read_text())
-    return path
-
-
-@pytest.fixture(scope="module")
-def headed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rl_models")
-    return make_headed(root / "headed", root / "base")
-
-
-class DigitTask:
-    """A task wrapper whose reward varies on a random policy (>= 2 digits in the completion), so
-    groups have nonzero advantages and the update really moves the weights."""
-
-    def __init__(self, inner):
-        self.inner, self.name = inner, inner.name
-
-    def problems(self, split, n, seed):
-        return self.inner.problems(split, n, seed)
-
-    def demonstration(self, problem, rng):
-        return self.inner.demonstration(problem, rng)
-
-    def observe(self, problem, transcript):
-        return self.inner.observe(problem, transcript)
-
-    def score(self, problem, completion):
-        return float(sum(ch.isdigit() for ch in completion) >= 2)
-
-
-@pytest.fixture()
-def digit_reward(monkeypatch):
-    monkeypatch.setattr("bebop.rl.loop.get_task", lambda name, difficulty=1: DigitTask(get_task(name, difficulty)))
-
-
-def _cfg(model, **kw):
-    base = dict(model=str(model), task="math", steps=2, group_size=2, batch_prompts=2, max_new_tokens=16, lr=1e-3,
-                save_every=1)
-    base.update(kw)
-    return RLConfig(**base)
-
-
-def _metrics(run):
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+               "dropped", "mtp_loss", "response_len_p50", "response_len_p90", "response_len_max", "response_len_mean",
+               "truncated_frac", "pg_loss", "is_truncated_frac", "optimizer_steps", "drafter_alarm"}
 
 
 @pytest.mark.parametrize("mode,spec,mtp", [("sync", "rs", "tv"), ("async", "to", "none")])
 def test_steps_run_end_to_end_and_write_metrics(headed, tmp_path, digit_reward, mode, spec, mtp):
     run = tmp_path / "run"
-    summary = train_rl(run, _cfg(headed, mode=mode, spec=spec, k=2, mtp_update=mtp, steps=3), progress=False)
-    rows = _metrics(run)
+    summary = train_rl(run, rl_cfg(headed, mode=mode, spec=spec, k=2, mtp_update=mtp, steps=3), progress=False)
+    rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert METRIC_KEYS <= set(r)
@@ -154,7 +99,7 @@ def _spec_signature(model, temperature, mode):
 
 def test_weight_sync_carries_the_head(headed, tmp_path):
     policy = load_policy(headed, device="cpu")
-    cfg = _cfg(headed, spec="rs", k=2, batch_prompts=1)
+    cfg = rl_cfg(headed, spec="rs", k=2, batch_prompts=1)
     source = AsyncSource(RolloutSampler(get_task("math"), policy.codec, cfg), policy.model, start_index=0,
                          policy_version=0, max_staleness=1)
     try:
@@ -191,7 +136,7 @@ def _state_equal(a, b):
 
 def test_online_mtp_never_touches_the_trunk_and_grpo_never_touches_the_head(headed):
     policy = load_policy(headed, device="cpu")
-    cfg = _cfg(headed, mtp_update="tv", k=2, mtp_lr=1e-2)
+    cfg = rl_cfg(headed, mtp_update="tv", k=2, mtp_lr=1e-2)
     batch = RolloutSampler(get_task("math"), policy.codec, cfg).collect(policy.model, index=0, policy_version=0)
     for rollout, reward in zip(batch.rollouts, [1.0, 0.0, 0.0, 1.0]):
         rollout.reward = reward
@@ -216,19 +161,19 @@ def test_online_mtp_never_touches_the_trunk_and_grpo_never_touches_the_head(head
 
 def test_bad_inputs(headed, tiny_model_dir, tmp_path):
     with pytest.raises(BebopError, match="group-size"):
-        train_rl(tmp_path / "a", _cfg(headed, group_size=1), progress=False)
+        train_rl(tmp_path / "a", rl_cfg(headed, group_size=1), progress=False)
     with pytest.raises(BebopError, match="bebop mtp init"):
-        train_rl(tmp_path / "b", _cfg(tiny_model_dir, spec="rs"), progress=False)
+        train_rl(tmp_path / "b", rl_cfg(tiny_model_dir, spec="rs"), progress=False)
     with pytest.raises(BebopError, match="bebop mtp init"):
-        train_rl(tmp_path / "b2", _cfg(tiny_model_dir, mtp_update="ce"), progress=False)
+        train_rl(tmp_path / "b2", rl_cfg(tiny_model_dir, mtp_update="ce"), progress=False)
     with pytest.raises(BebopError, match="cannot express"):
-        train_rl(tmp_path / "c", _cfg(_digits_only_tokenizer(tiny_model_dir, tmp_path / "digits")), progress=False)
+        train_rl(tmp_path / "c", rl_cfg(_digits_only_tokenizer(tiny_model_dir, tmp_path / "digits")), progress=False)
     run = tmp_path / "run"
-    train_rl(run, _cfg(headed, steps=1), progress=False)
+    train_rl(run, rl_cfg(headed, steps=1), progress=False)
     with pytest.raises(BebopError, match="already holds"):
-        train_rl(run, _cfg(headed, steps=1), progress=False)
+        train_rl(run, rl_cfg(headed, steps=1), progress=False)
     with pytest.raises(BebopError, match=r"differs in clip_eps, lr$"):
-        train_rl(run, _cfg(headed, steps=1, lr=5e-3, clip_eps=0.3), resume=True, progress=False)
+        train_rl(run, rl_cfg(headed, steps=1, lr=5e-3, clip_eps=0.3), resume=True, progress=False)
 
 
 def test_tensorboard_flag_without_tensorboard_is_a_clear_error(headed, tmp_path):
@@ -238,7 +183,7 @@ def test_tensorboard_flag_without_tensorboard_is_a_clear_error(headed, tmp_path)
     except ImportError:
         pass
     with pytest.raises(BebopError, match="pip install tensorboard"):
-        train_rl(tmp_path / "tb", _cfg(headed, steps=1), progress=False, tensorboard=True)
+        train_rl(tmp_path / "tb", rl_cfg(headed, steps=1), progress=False, tensorboard=True)
     assert not (tmp_path / "tb").exists()  # refused before anything is written
 
 
@@ -279,7 +224,7 @@ def test_async_thread_split(headed, tmp_path, monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        train_rl(tmp_path / "run", _cfg(headed, mode="async", rollout_threads=1, train_threads=2), progress=False)
+        train_rl(tmp_path / "run", rl_cfg(headed, mode="async", rollout_threads=1, train_threads=2), progress=False)
         assert set(seen["collect"]) == {1} and set(seen["train"]) == {2}
         assert torch.get_num_threads() == 3
     finally:
@@ -288,4 +233,4 @@ def test_async_thread_split(headed, tmp_path, monkeypatch):
 
 def test_bad_thread_counts(headed, tmp_path):
     with pytest.raises(BebopError, match="threads"):
-        train_rl(tmp_path / "run", _cfg(headed, mode="async", rollout_threads=-1), progress=False)
+        train_rl(tmp_path / "run", rl_cfg(headed, mode="async", rollout_threads=-1), progress=False)

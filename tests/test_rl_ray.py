@@ -26,16 +26,10 @@ from bebop.rl.config import Backend
 from bebop.rl.sampler import STREAM_STRIDE, RolloutSampler
 from bebop.tasks import get_task
 
-from test_rl_loop import DigitTask, _cfg, _metrics, make_headed
+from rl_helpers import DigitTask, read_metrics, rl_cfg
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
-
-
-@pytest.fixture(scope="module")
-def headed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ray_models")
-    return make_headed(root / "headed", root / "base")
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +66,7 @@ def test_local_backend_never_imports_ray(headed, tmp_path):
 def test_without_ray_installed_the_error_says_how_to_install(headed, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     with pytest.raises(BebopError, match=r"--backend ray needs Ray: pip install 'bebop\[ray\]'"):
-        train_rl(tmp_path / "run", _cfg(headed, mode="async"), progress=False, backend=Backend("ray"))
+        train_rl(tmp_path / "run", rl_cfg(headed, mode="async"), progress=False, backend=Backend("ray"))
     assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
@@ -84,7 +78,7 @@ def test_backend_options_are_checked(headed, tmp_path):
              (dict(mode="async"), Backend("slurm"), "unknown --backend")]
     for kw, backend, message in cases:
         with pytest.raises(BebopError, match=message):
-            train_rl(tmp_path / "run", _cfg(headed, **kw), progress=False, backend=backend)
+            train_rl(tmp_path / "run", rl_cfg(headed, **kw), progress=False, backend=backend)
     assert not (tmp_path / "run").exists()
 
 
@@ -127,7 +121,7 @@ def test_ray_and_local_async_sample_the_same_rollout_distribution(headed, tmp_pa
     differ is float rounding between the two processes (the worker runs 1 thread) flipping a
     sample whose uniform lies within ~1e-7 of a CDF boundary: about 1e-7 per draw times ~2e3
     draws, a false-failure probability near 1e-4."""
-    cfg = _cfg(headed, mode="async", spec="rs", k=2, steps=6, batch_prompts=4, max_new_tokens=24)
+    cfg = rl_cfg(headed, mode="async", spec="rs", k=2, steps=6, batch_prompts=4, max_new_tokens=24)
     local = _metrics_of(train_rl(tmp_path / "local", cfg, progress=False))
     remote = _metrics_of(train_rl(tmp_path / "ray", cfg, progress=False, backend=Backend("ray", rollout_workers=1)))
     assert [r["policy_version"] for r in remote] == [r["policy_version"] for r in local] == [0, 0, 1, 2, 3, 4]
@@ -141,13 +135,13 @@ def test_more_workers_than_the_cluster_has_cpus_is_refused_at_once(headed, ray_s
     from bebop.rl.ray_backend import RaySource
 
     policy = load_policy(headed, device="cpu")
-    sampler = RolloutSampler(get_task("math"), policy.codec, _cfg(headed, mode="async"))
+    sampler = RolloutSampler(get_task("math"), policy.codec, rl_cfg(headed, mode="async"))
     with pytest.raises(BebopError, match="3 rollout workers need 3 CPUs but the Ray cluster has 2"):
         RaySource(sampler, policy.model, start_index=0, max_staleness=2, workers=3)
 
 
 def _metrics_of(summary):
-    return _metrics(Path(summary["run_dir"]))
+    return read_metrics(Path(summary["run_dir"]))
 
 
 class SlowSampler(RolloutSampler):
@@ -164,7 +158,7 @@ def test_a_killed_worker_is_restarted_with_the_current_weights(headed, ray_sessi
     from bebop.rl.ray_backend import RaySource
 
     policy = load_policy(headed, device="cpu")
-    cfg = _cfg(headed, mode="async", spec="rs", k=2, batch_prompts=1)
+    cfg = rl_cfg(headed, mode="async", spec="rs", k=2, batch_prompts=1)
     sampler = SlowSampler(get_task("math"), policy.codec, cfg)
     source = RaySource(sampler, policy.model, start_index=0, policy_version=0, max_staleness=0, workers=1)
     try:
@@ -222,14 +216,14 @@ def test_worker_death_and_a_crashed_run_lose_no_batch_and_count_none_twice(heade
     steps, kill_index, crash_index = 6, 1, 4
     monkeypatch.setattr("bebop.rl.loop.get_task", lambda name, difficulty=1: FlakyTask(
         get_task(name, difficulty), 0, kill_index, crash_index, tmp_path))
-    cfg = _cfg(headed, mode="async", spec="rs", k=2, steps=steps, save_every=1)
+    cfg = rl_cfg(headed, mode="async", spec="rs", k=2, steps=steps, save_every=1)
     run, backend = tmp_path / "run", Backend("ray", rollout_workers=2)
     with pytest.raises(RuntimeError, match="injected crash in batch 4"):  # the sampler's error, not retried
         train_rl(run, cfg, progress=False, backend=backend)
     crashed_at = load_checkpoint(run).state["step"]
     assert 1 + kill_index <= crashed_at <= crash_index
     summary = train_rl(run, cfg, resume=True, progress=False, backend=backend)
-    rows = _metrics(run)
+    rows = read_metrics(run)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))  # each step once, across the crash
     assert all(r["dropped"] == 0 and 0 <= r["staleness"] <= 1 for r in rows)
     assert load_checkpoint(run).state["data_index"] == steps  # batches 0..5 each trained on exactly once

@@ -10,7 +10,7 @@ import time
 
 from bebop.model import load_model
 
-from test_rl_loop import make_headed
+from rl_helpers import make_headed
 
 STEPS = 40
 

@@ -25,10 +25,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-prompts", type=int, default=d.batch_prompts, help="prompts per step")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--top-k", type=int, default=d.top_k, help="0 = off; the trainer's log-probs use the same warping")
+    p.add_argument("--top-p", type=float, default=d.top_p, help="1.0 = off; the trainer's log-probs use the same warping")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--mtp-lr", type=float, default=d.mtp_lr)
     p.add_argument("--kl-coef", type=float, default=d.kl_coef, help="k3 KL to the starting policy (0 = off)")
     p.add_argument("--clip-eps", type=float, default=d.clip_eps)
+    p.add_argument("--ppo-epochs", type=int, default=d.ppo_epochs,
+                   help="passes over each batch (> 1, or --mini-batches > 1, lets --clip-eps act)")
+    p.add_argument("--mini-batches", type=int, default=d.mini_batches,
+                   help="optimizer steps per pass, each on a random share of the batch's rollouts")
     p.add_argument("--max-staleness", type=int, default=d.max_staleness, help="async: drop older rollouts")
     p.add_argument("--difficulty", type=int, default=d.difficulty)
     p.add_argument("--seed", type=int, default=d.seed)
@@ -56,7 +62,8 @@ def run(args: argparse.Namespace) -> None:
     cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=mode, spec=args.spec,
                    k=parse_k(args.k), max_k=args.max_k, mtp_update=args.mtp_update,
                    group_size=args.group_size, batch_prompts=args.batch_prompts,
-                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr, mtp_lr=args.mtp_lr,
+                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   ppo_epochs=args.ppo_epochs, mini_batches=args.mini_batches, lr=args.lr, mtp_lr=args.mtp_lr,
                    kl_coef=args.kl_coef, clip_eps=args.clip_eps, max_staleness=args.max_staleness,
                    difficulty=args.difficulty, seed=args.seed, save_every=args.save_every,
                    rollout_threads=args.rollout_threads, train_threads=args.train_threads)

@@ -76,6 +76,7 @@ class AdaptiveK:
         self.acceptance = AcceptanceEstimate(max_k)
         self.steps = 0  # measured steps
         self.last_measured: dict[tuple[int, bool], int] = {}  # (rows bucket, drafting) -> step index
+        self.suspended = False  # set by the RL drafter alarm: plain steps, a drafting probe every PROBE_EVERY
 
     def throughput(self, rows: int, k: int) -> float:
         """Predicted emitted tokens per second per row."""
@@ -84,6 +85,9 @@ class AdaptiveK:
     def choose(self, rows: int) -> int:
         bucket = rows_bucket(rows)
         best_draft = max(range(1, self.max_k + 1), key=lambda k: self.throughput(rows, k))
+        if self.suspended:  # drafting only often enough to see the head recover
+            last = self.last_measured.setdefault((bucket, True), self.steps)
+            return best_draft if self.steps - last > PROBE_EVERY else 0
         for drafting, k in ((False, 0), (True, best_draft)):  # each kind measured once, then re-probed
             if not self.costs.has_measured(drafting):
                 return k

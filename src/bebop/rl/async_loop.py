@@ -9,9 +9,14 @@ The worker owns a deep copy of the policy (the rollout engine model). Before eac
 the newest published snapshot with `sync_weights` (the full state dict, `mtp.*` included; strict,
 so a missing head tensor is an error, never a silently stale draft) and stamps every rollout with
 that snapshot's policy version. The queue is bounded: the worker claims a slot before it
-generates, with max(1, max_staleness) slots, so it runs at most that many batches ahead. The
-trainer drops a batch whose staleness (trainer version - batch version) exceeds max_staleness and
-counts it. torch releases the GIL inside ops, so generation and training overlap on one machine;
+generates, with max(1, max_staleness) slots, so it runs at most that many batches ahead, and
+before it samples batch i it waits until the trainer has published the version that batch needs
+(`required_version`: the trainer makes one update per batch, so batch i is trained at version
+v0 + (i - i0) and must be sampled at v0 + (i - i0) - max_staleness or later). With
+max_staleness=0 the worker samples only between updates: the run is on-policy and loses no batch
+(the same batches and metrics as --mode sync); with 1 it samples batch i+1 while batch i trains.
+The trainer still drops a batch whose staleness (trainer version - batch version) exceeds
+max_staleness (a guard; the wait makes it unreachable in a normal run) and counts it. torch releases the GIL inside ops, so generation and training overlap on one machine;
 `rollout_threads` / `train_threads` split the cores between them (torch's thread count is per
 thread), which on a 2-core machine beats both sharing both cores (docs/benchmarks.md).
 """
@@ -50,14 +55,21 @@ def is_fresh(batch_version: int, trainer_version: int, max_staleness: int) -> bo
     return trainer_version - batch_version <= max_staleness
 
 
+def required_version(index: int, start_index: int, start_version: int, max_staleness: int) -> int:
+    """The oldest weights batch `index` may be sampled with to be fresh when trained (one update per batch)."""
+    return start_version + (index - start_index) - max_staleness
+
+
 class AsyncSource:
     def __init__(self, sampler: RolloutSampler, model: torch.nn.Module, *, start_index: int, policy_version: int = 0,
                  max_staleness: int = 1) -> None:
         self.sampler, self.max_staleness, self.next_index = sampler, max_staleness, start_index
         self.engine = copy.deepcopy(model).eval().requires_grad_(False)
-        self.engine_version = policy_version
+        self.engine_version = self.published = policy_version
+        self.start = (start_index, policy_version)
         self.latest: tuple[int, dict[str, torch.Tensor]] | None = None
         self.lock = threading.Lock()
+        self.published_cond = threading.Condition(self.lock)
         self.queue: queue.Queue = queue.Queue()
         self.slots = threading.Semaphore(max(1, max_staleness))
         self.stop = threading.Event()
@@ -72,7 +84,7 @@ class AsyncSource:
         while not self.stop.is_set():
             if not self.slots.acquire(timeout=POLL_S):
                 continue
-            if self.stop.is_set():
+            if not self._await_version(required_version(index, *self.start, self.max_staleness)):
                 return
             try:
                 self._load_latest()
@@ -82,6 +94,13 @@ class AsyncSource:
                 return
             self.queue.put(batch)
             index += 1
+
+    def _await_version(self, version: int) -> bool:
+        """Block until `version` (or a newer one) is published; False when the source is closing."""
+        with self.published_cond:
+            while self.published < version and not self.stop.is_set():
+                self.published_cond.wait(POLL_S)
+        return not self.stop.is_set()
 
     def _load_latest(self) -> None:
         with self.lock:
@@ -93,8 +112,14 @@ class AsyncSource:
     # trainer side
     def publish(self, model: torch.nn.Module, version: int) -> None:
         state = snapshot(model)
-        with self.lock:
+        with self.published_cond:
             self.latest = (version, state)
+            self.published = version
+            self.published_cond.notify_all()
+
+    def suspend_drafting(self, suspended: bool) -> None:
+        """Batches the worker starts from now on (one may be in flight) draft or not."""
+        self.sampler.drafting_suspended = suspended
 
     def next_batch(self, trainer_version: int) -> Fetched:
         t0, dropped = time.perf_counter(), 0

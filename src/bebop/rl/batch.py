@@ -23,6 +23,10 @@ class TrainBatch:
     sampler_logprobs: Tensor  # (B, T-1) float32, 0 where mask is False
     advantages: Tensor  # (B,) float32
 
+    def rows(self, index: Tensor) -> "TrainBatch":
+        """The rows `index` (R,) of every tensor."""
+        return TrainBatch(self.ids[index], self.mask[index], self.sampler_logprobs[index], self.advantages[index])
+
     def to(self, device: torch.device) -> "TrainBatch":
         return TrainBatch(self.ids.to(device), self.mask.to(device), self.sampler_logprobs.to(device),
                           self.advantages.to(device))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from bebop.engine.speculative import AUTO, check_spec_flags
 from bebop.errors import BebopError
+from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
 
 MODES = ("sync", "async")
@@ -29,10 +30,14 @@ class RLConfig:
     batch_prompts: int = 8
     max_new_tokens: int = 384  # room for the long tail: the longest math demonstrations are ~340 tokens
     temperature: float = 1.0
+    top_k: int = 0  # 0 = off; the trainer's log-probs use the same warping (grpo.token_logprobs)
+    top_p: float = 1.0  # 1.0 = off
     lr: float = 3e-5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     clip_eps: float = 0.2
+    ppo_epochs: int = 1  # passes over each batch; > 1 (or mini_batches > 1) lets the clip act
+    mini_batches: int = 1  # optimizer steps per pass, each on a random share of the batch's rollouts
     kl_coef: float = 0.0  # 0 = off: no reference copy is kept
     is_cap: float = 2.0  # truncation of the importance weights
     max_staleness: int = 1  # async: rollouts more than this many versions old are dropped
@@ -55,7 +60,7 @@ class RLConfig:
             raise BebopError(f"unknown --mtp-update {self.mtp_update!r}; choose from {', '.join(MTP_UPDATES)}")
         if self.group_size < 2:
             raise BebopError(f"--group-size must be >= 2 (GRPO normalises rewards within a group), got {self.group_size}")
-        for name in ("steps", "batch_prompts", "max_new_tokens", "save_every", "batch_size"):
+        for name in ("steps", "batch_prompts", "max_new_tokens", "save_every", "batch_size", "ppo_epochs", "mini_batches"):
             if getattr(self, name) < 1:
                 raise BebopError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not self.temperature > 0:
@@ -67,12 +72,21 @@ class RLConfig:
             raise BebopError("--rollout-threads and --train-threads must be >= 0 (0 = torch's default)")
         if self.max_staleness < 0:
             raise BebopError(f"--max-staleness must be >= 0, got {self.max_staleness}")
+        if self.mini_batches > self.batch_prompts * self.group_size:
+            raise BebopError(f"--mini-batches {self.mini_batches} is more than the {self.batch_prompts * self.group_size} "
+                             f"rollouts of a batch (--batch-prompts x --group-size)")
+        self.sampling  # noqa: B018 -- SamplingParams checks --top-k and --top-p
         get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError
 
     @property
     def draft_depths(self) -> int:
         """The deepest draft a step may verify (K, or --max-k with --k auto): also the online MTP depths."""
         return self.max_k if self.k == AUTO else self.k
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """The rollout engine's warping; the trainer computes its log-probs under the same one."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
 
     @property
     def needs_head(self) -> bool:

@@ -5,7 +5,7 @@ Glossary (one PPO/GRPO update on a batch of rollouts):
                         temperature-warped target distribution of the weights that sampled it
                         (possibly `staleness` versions old in async mode)
     old log-probs       the trainer's log-probs of the same tokens before this update (detached),
-                        recomputed at the sampler's temperature: log_softmax(logits / T)
+                        recomputed under the sampler's warping (temperature, top-k, top-p)
     log-probs           the trainer's log-probs, with gradient
     ratio               exp(log-probs - old log-probs): the PPO ratio, clipped to [1-eps, 1+eps]
     IS weight           min(exp(old - sampler), cap): truncated importance weight correcting for
@@ -26,8 +26,11 @@ import torch
 from torch import Tensor
 
 from bebop.errors import BebopError
+from bebop.sampling import SamplingParams
+from bebop.sampling.warp import warp_logits
 
 ADV_EPS = 1e-6
+MASKED_LOGIT = -1e9  # the trainer's logit for a token its warping drops (finite: see token_logprobs)
 
 
 def group_advantages(rewards: Tensor, eps: float = ADV_EPS) -> Tensor:
@@ -42,12 +45,21 @@ def group_advantages(rewards: Tensor, eps: float = ADV_EPS) -> Tensor:
     return (rewards - mean) / (std + eps)
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-    """logits (B, T, V), tokens (B, T) -> (log-probs (B, T), entropy (B, T)) of the distribution
-    softmax(logits / temperature): the one the engine sampled from (no top-k / top-p)."""
-    if not temperature > 0:
-        raise BebopError(f"RL needs a sampling temperature > 0, got {temperature}")
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
+def token_logprobs(logits: Tensor, tokens: Tensor, sampling: SamplingParams) -> tuple[Tensor, Tensor]:
+    """logits (B, T, V), tokens (B, T) -> (log-probs (B, T), entropy (B, T)) of the distribution the
+    engine sampled from: temperature, then top-k / top-p (sampling.warp_logits, the sampler's own
+    function).
+
+    Why this keeps the update unbiased: the rollouts are samples of the warped policy pi_w, so the
+    policy gradient and the importance ratios must use pi_w's own log-probs. The sampler reports
+    log pi_w(y); log-probs of the unwarped pi would be smaller by the log of the kept mass on every
+    token, so exp(old - sampler) would sit below 1 for all tokens and down-weight every update by
+    that mass. With the same function on both sides the ratio is 1 when the weights agree. A token
+    that falls outside the trainer's current top-k / top-p set (stale async weights) gets a
+    log-prob near MASKED_LOGIT: importance weight 0, no gradient, no NaN."""
+    if not sampling.temperature > 0:
+        raise BebopError(f"RL needs a sampling temperature > 0, got {sampling.temperature}")
+    logp = torch.log_softmax(warp_logits(logits, sampling, fill=MASKED_LOGIT), dim=-1)  # (B, T, V)
     picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)  # (B, T)

@@ -31,7 +31,9 @@ from bebop.model.checkpoint import load_model
 from bebop.policy import Policy, load_policy
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
+from bebop.engine.speculative import AUTO
 from bebop.rl.config import Backend, RLConfig
+from bebop.rl.drafter_alarm import CLEARED, RAISED, DrafterAlarm
 from bebop.rl.metrics import MetricsWriter, StepMetrics, length_percentiles, require_tensorboard
 from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
 from bebop.rl.ray_backend import RaySource
@@ -55,7 +57,8 @@ def _prepare(out: Path, cfg: RLConfig, resume: bool) -> Checkpoint | None:
         return None
     if not saved_cfg.exists():
         raise BebopError(f"nothing to resume: no {CONFIG_FILE} in {out}")
-    check_same_config(json.loads(saved_cfg.read_text()), asdict(cfg), out)
+    saved = {**asdict(RLConfig()), **json.loads(saved_cfg.read_text())}  # a field added since: its default
+    check_same_config(saved, asdict(cfg), out)
     return load_checkpoint(out)
 
 
@@ -79,14 +82,27 @@ def _restore(ckpt: Checkpoint | None, trainer: PolicyTrainer, online: OnlineMTP 
 
 
 def _checkpoint_state(cfg: RLConfig, step: int, data_index: int, trainer: PolicyTrainer,
-                      online: OnlineMTP | None) -> dict:
+                      online: OnlineMTP | None, alarm: DrafterAlarm) -> dict:
     return {"config": asdict(cfg), "step": step, "policy_version": trainer.policy_version, "data_index": data_index,
+            "drafter_alarm": alarm.state(),
             "optimizer": trainer.optimizer.state_dict(),
             "mtp_optimizer": online.optimizer.state_dict() if online is not None else None, "rng": rng_state()}
 
 
+def _watch_drafter(alarm: DrafterAlarm, spec, source, cfg: RLConfig) -> None:
+    """Feed the step's acceptance to the alarm; warn once when it is raised; with --k auto the
+    rollouts stop drafting while it is up (see drafter_alarm.py)."""
+    change = alarm.observe(spec)
+    if change == RAISED:
+        tqdm.write(alarm.message(spec), file=sys.stderr)
+    elif change == CLEARED:
+        tqdm.write("bebop: drafter alarm cleared: first-draft acceptance is back above the line", file=sys.stderr)
+    if change is not None and cfg.k == AUTO:
+        source.suspend_drafting(alarm.raised)
+
+
 def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version: int, mtp, train_s: float,
-                 step_s: float) -> StepMetrics:
+                 step_s: float, alarm: bool) -> StepMetrics:
     """The metrics record of one step (trainer_version: the version the batch was trained at)."""
     b = fetched.batch
     rewards = b.rewards
@@ -102,8 +118,10 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
         rollout_s=b.rollout_s, wait_s=fetched.wait_s, train_s=train_s, step_s=step_s,
         generated_tokens=b.generated_tokens, tokens_per_s=b.generated_tokens / max(b.rollout_s, 1e-9),
         **length_percentiles([r.num_policy_tokens for r in b.rollouts]),
-        loss=stats.loss.loss.item(), kl=stats.loss.kl, clip_frac=stats.loss.clip_frac,
-        is_weight_mean=stats.loss.is_weight_mean, grad_norm=stats.grad_norm,
+        truncated_frac=sum(r.truncated for r in b.rollouts) / len(b.rollouts),
+        loss=stats.loss, pg_loss=stats.pg_loss, kl=stats.kl, clip_frac=stats.clip_frac,
+        is_weight_mean=stats.is_weight_mean, is_truncated_frac=stats.is_truncated_frac,
+        optimizer_steps=stats.optimizer_steps, drafter_alarm=alarm, grad_norm=stats.grad_norm,
         mtp_loss=mtp.loss if mtp is not None else None,
         mtp_acceptance_per_depth=mtp.acceptance_per_depth if mtp is not None else [])
 
@@ -130,9 +148,12 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
                             policy_version=ckpt.state["policy_version"] if ckpt else 0)
     online = make_online_mtp(policy, cfg)
     start, data_index = _restore(ckpt, trainer, online)
+    alarm = DrafterAlarm(**ckpt.state["drafter_alarm"]) if ckpt and ckpt.state.get("drafter_alarm") else DrafterAlarm()
     source = SOURCES[backend.source(cfg.mode)](sampler, policy.model, start_index=data_index,
                                                policy_version=trainer.policy_version,
                                                max_staleness=cfg.max_staleness, **backend.source_options())
+    if alarm.raised and cfg.k == AUTO:
+        source.suspend_drafting(True)
     writer = MetricsWriter(out, resume_step=start, tensorboard=tensorboard)
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"rl {cfg.task} {cfg.mode}",
                disable=not progress, file=sys.stderr)
@@ -149,14 +170,15 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
             stats = trainer.step(fetched.batch)
             mtp = online.update(fetched.batch.rollouts) if online is not None else None
             source.publish(policy.model, trainer.policy_version)
+            _watch_drafter(alarm, fetched.batch.spec, source, cfg)
             t2 = time.perf_counter()
-            m = step_metrics(step + 1, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0)
+            m = step_metrics(step + 1, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0, alarm.raised)
             writer.write(m)
             history.append(m)
             bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
                 save_checkpoint(out, step + 1, policy.model, cfg.model,
-                                _checkpoint_state(cfg, step + 1, source.next_index, trainer, online))
+                                _checkpoint_state(cfg, step + 1, source.next_index, trainer, online, alarm))
     finally:
         source.close()
         writer.close()

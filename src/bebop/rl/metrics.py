@@ -46,10 +46,16 @@ class StepMetrics:
     response_len_p50: float = 0.0  # response length: policy tokens of one rollout (stop token in,
     response_len_p90: float = 0.0  # environment observations out); percentiles over the batch,
     response_len_max: int = 0  # see length_percentiles: long tails show as p90 and max >> p50
+    response_len_mean: float = 0.0
+    truncated_frac: float = 0.0  # share of responses cut by max_new_tokens (or the context) before a stop
     loss: float = 0.0
+    pg_loss: float = 0.0  # the clipped surrogate alone (loss = pg_loss + kl_coef * kl)
     kl: float = 0.0
-    clip_frac: float = 0.0
+    clip_frac: float = 0.0  # share of policy tokens whose PPO ratio was clipped (0 with one optimizer step)
     is_weight_mean: float = 1.0
+    is_truncated_frac: float = 0.0  # share of policy tokens whose importance weight hit is_cap
+    optimizer_steps: int = 1  # ppo_epochs x mini_batches
+    drafter_alarm: bool = False  # the head's acceptance fell below its baseline (rl/drafter_alarm.py)
     grad_norm: float = 0.0
     mtp_loss: float | None = None
     mtp_acceptance_per_depth: list[float] = field(default_factory=list)
@@ -69,12 +75,12 @@ def percentile(ordered: Sequence[float], q: float) -> float:
 
 
 def length_percentiles(lengths: Sequence[int]) -> dict[str, float | int]:
-    """The batch's response_len_p50 / _p90 / _max from per-response lengths (zeros when empty)."""
+    """The batch's response_len_p50 / _p90 / _max / _mean from per-response lengths (zeros when empty)."""
     if not lengths:
-        return {"response_len_p50": 0.0, "response_len_p90": 0.0, "response_len_max": 0}
+        return {"response_len_p50": 0.0, "response_len_p90": 0.0, "response_len_max": 0, "response_len_mean": 0.0}
     ordered = sorted(lengths)
-    return {"response_len_p50": float(percentile(ordered, 0.5)),
-            "response_len_p90": float(percentile(ordered, 0.9)), "response_len_max": ordered[-1]}
+    return {"response_len_p50": float(percentile(ordered, 0.5)), "response_len_p90": float(percentile(ordered, 0.9)),
+            "response_len_max": ordered[-1], "response_len_mean": sum(ordered) / len(ordered)}
 
 
 def read_steps(path: Path, upto: int) -> list[str]:

@@ -149,8 +149,11 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def collect(self, index: int, version: int, state: dict[str, torch.Tensor] | None) -> RolloutBatch:
-        """Sample batch `index`; `state` (the weights of `version`) first, when the worker is behind."""
+    def collect(self, index: int, version: int, state: dict[str, torch.Tensor] | None,
+                suspended: bool = False) -> RolloutBatch:
+        """Sample batch `index`; `state` (the weights of `version`) first, when the worker is behind;
+        `suspended`: the drafter alarm is up."""
+        self.sampler.drafting_suspended = suspended
         if state is not None:
             sync_weights(self.engine, state)
             self.version = version
@@ -184,6 +187,7 @@ class RaySource:
         self.ready: dict[int, RolloutBatch] = {}
         self.attempts: dict[int, int] = {}  # data index -> workers it has killed
         self.training = False  # between a returned batch and the next publish
+        self.drafting_suspended = False  # the drafter alarm, passed with every index issued
         self.restarts = 0
         try:
             self._check_resources(workers)
@@ -235,7 +239,7 @@ class RaySource:
 
     def _issue(self, slot: Slot, index: int) -> None:
         weights = self.weights if slot.version < self.version else None
-        ref = slot.actor.collect.remote(index, self.version, weights)
+        ref = slot.actor.collect.remote(index, self.version, weights, self.drafting_suspended)
         slot.version, slot.busy = self.version, True
         self.pending[ref] = (slot, index)
 
@@ -284,6 +288,10 @@ class RaySource:
         self.version, self.weights = version, self.ray.put(cpu_state(model))
         self.training = False
         self._fill()
+
+    def suspend_drafting(self, suspended: bool) -> None:
+        """Indices issued from now on draft or not (the drafter alarm)."""
+        self.drafting_suspended = suspended
 
     def close(self) -> None:
         for slot in self.slots:

@@ -15,6 +15,7 @@ class Rollout:
     policy_mask: list[bool]  # per token: False where the environment wrote it (never trained on)
     reward: float
     policy_version: int  # the weights that sampled it
+    truncated: bool = False  # cut by max_new_tokens (or the context) before a stop token
 
     @property
     def num_policy_tokens(self) -> int:

@@ -17,6 +17,7 @@ import torch
 from bebop.engine import generate
 from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.metrics import SpecMetrics
+from bebop.engine.records import FINISH_LENGTH
 from bebop.engine.speculative import AUTO
 from bebop.engine.step_costs import step_costs
 from bebop.mtp_eval import merged, speculative_rollout_fn
@@ -24,7 +25,6 @@ from bebop.policy import Policy
 from bebop.rl.config import RLConfig
 from bebop.rl.records import Rollout, RolloutBatch
 from bebop.rollout import encode_prompts, run_episodes, summarize
-from bebop.sampling import SamplingParams
 from bebop.tasks import Problem, Task
 from bebop.tokenizer import TextCodec
 
@@ -35,6 +35,7 @@ class RolloutSampler:
     def __init__(self, task: Task, codec: TextCodec, cfg: RLConfig) -> None:
         self.task, self.codec, self.cfg = task, codec, cfg
         self.controller: AdaptiveK | None = None
+        self.drafting_suspended = False  # set while the drafter alarm is up (rl/drafter_alarm.py)
 
     def _controller(self, model, rows: int) -> AdaptiveK | None:
         """With --k auto, one controller for the run: its acceptance estimate follows the policy."""
@@ -43,6 +44,7 @@ class RolloutSampler:
         if self.controller is None:
             costs = step_costs(model, max_rows=min(rows, self.cfg.batch_size), max_k=self.cfg.max_k)
             self.controller = AdaptiveK(self.cfg.max_k, costs)
+        self.controller.suspended = self.drafting_suspended
         return self.controller
 
     def batch_seed(self, index: int) -> int:
@@ -68,13 +70,14 @@ class RolloutSampler:
         was_training = model.training
         model.eval()
         t0 = time.perf_counter()
-        episodes = run_episodes(policy, self.task, problems, sampling=SamplingParams(cfg.temperature),
+        episodes = run_episodes(policy, self.task, problems, sampling=cfg.sampling,
                                 max_new_tokens=cfg.max_new_tokens, generator=generator, batch_size=cfg.batch_size,
                                 generate_fn=generate_fn)
         rollout_s = time.perf_counter() - t0
         model.train(was_training)
         rollouts = [Rollout(ep.generation.prompt_ids, ep.generation.token_ids, ep.generation.logprobs,
-                            ep.generation.policy_mask, ep.reward, policy_version) for ep in episodes]
+                            ep.generation.policy_mask, ep.reward, policy_version,
+                            truncated=ep.generation.finish_reason == FINISH_LENGTH) for ep in episodes]
         summary = summarize(episodes)
         return RolloutBatch(rollouts, cfg.group_size, policy_version, index, rollout_s,
                             merged(sink, cfg.draft_depths) if sink else None, summary["pass_rate"], summary["mean_entropy"])

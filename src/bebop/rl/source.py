@@ -3,9 +3,10 @@
     source = SyncSource(sampler, model, start_index=0)
     fetched = source.next_batch(trainer_version)   # -> Fetched(batch, dropped, wait_s)
     source.publish(model, version)                 # after each update (a no-op here)
+    source.suspend_drafting(True)                  # the drafter alarm: batches sampled from now on
     source.close()
 
-The async source (async_loop.AsyncSource) has the same three verbs; the loop does not know which
+The async sources (async_loop.AsyncSource, ray_backend.RaySource) have the same verbs; the loop does not know which
 one it drives. `next_index` is the data position to checkpoint: the batch after the last consumed.
 """
 
@@ -38,6 +39,9 @@ class SyncSource:
 
     def publish(self, model, version: int) -> None:
         """Rollouts use the trainer's own weights: nothing to sync."""
+
+    def suspend_drafting(self, suspended: bool) -> None:
+        self.sampler.drafting_suspended = suspended
 
     def close(self) -> None:
         pass

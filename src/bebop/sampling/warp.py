@@ -17,28 +17,34 @@ from bebop.sampling.params import SamplingParams
 
 def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits (..., V) -> probs (..., V) float32, rows summing to 1."""
-    logits = logits.float()
     if params.greedy:
-        top = logits.argmax(dim=-1, keepdim=True)
-        return torch.zeros_like(logits).scatter_(-1, top, 1.0)
-    logits = logits / params.temperature
+        top = logits.float().argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, top, 1.0)
+    return torch.softmax(warp_logits(logits, params), dim=-1)
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams, fill: float = float("-inf")) -> torch.Tensor:
+    """logits (..., V) -> float32 logits / temperature with the tokens that top-k and top-p drop set
+    to `fill` (..., V): its softmax is the distribution sampled from (temperature > 0). Which tokens
+    are dropped is a function of the values only (no gradient flows through the choice), so the RL
+    trainer takes its log-probs from this same function (a finite `fill`, so that a token outside
+    its current set has log-prob ~fill instead of -inf and a zero importance weight)."""
+    logits = logits.float() / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # (..., 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+        kth = torch.topk(logits.detach(), params.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits.detach() < kth, fill)
     if params.top_p < 1.0:
-        probs = _top_p(probs, params.top_p)
-    return probs
+        keep = _top_p_keep(torch.softmax(logits.detach(), dim=-1), params.top_p)  # (..., V)
+        logits = logits.masked_fill(~keep, fill)
+    return logits
 
 
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalise."""
+def _top_p_keep(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The smallest set of most likely tokens whose mass reaches top_p (..., V) bool."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # (..., V)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly better tokens
     keep_sorted = mass_before < top_p  # the first token is always kept
-    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    probs = probs.masked_fill(~keep, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
 
 
 NONFINITE_MESSAGE = "logits contain NaN or inf (a diverged or corrupt model?)"
