@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from bebop.engine.adaptive import PROBE_EVERY, AdaptiveK
-from bebop.engine.metrics import SpecMetrics
+from bebop.engine.metrics import SpecMetrics, rows_bucket
 from bebop.engine.step_costs import StepCosts
 from bebop.errors import BebopError
 from bebop.rl import train_rl
@@ -122,6 +122,21 @@ def test_suspended_controller_drafts_only_to_probe():
     assert 1 <= sum(k > 0 for k in chosen) <= 3  # a probe about every PROBE_EVERY steps, else plain
 
 
+class FixedCosts(StepCosts):
+    """A cost model that does not read the clock: --k auto's choices then depend on acceptance only,
+    so these runs are the same on a busy machine."""
+
+    def observe(self, rows: int, k: int, seconds: float) -> None:
+        self.log_ratio[(rows_bucket(rows), k > 0)] = 0.0
+
+
+@pytest.fixture()
+def fixed_costs(monkeypatch):
+    trunk = {(rows, t): 1.0 + 0.02 * t for rows in (1, 8) for t in range(1, 8)}
+    monkeypatch.setattr("bebop.rl.sampler.step_costs", lambda model, max_rows, max_k: FixedCosts(
+        trunk, {1: 0.05, 8: 0.05}, max_k))
+
+
 class CorruptingTrainer(PolicyTrainer):
     """After its 4th update, the draft head's output norm is scaled by 1000: the drafts become
     confident random tokens (a head broken by a bad weight sync)."""
@@ -139,7 +154,7 @@ def _drafted(row) -> bool:
 
 
 @pytest.mark.parametrize("k,steps", [(2, 7), ("auto", 10)])
-def test_a_broken_head_raises_the_alarm(headed, tmp_path, monkeypatch, capsys, k, steps):
+def test_a_broken_head_raises_the_alarm(headed, tmp_path, monkeypatch, capsys, fixed_costs, k, steps):
     monkeypatch.setattr("bebop.rl.loop.PolicyTrainer", CorruptingTrainer)
     suspended = []
     monkeypatch.setattr(SyncSource, "suspend_drafting", lambda self, flag: suspended.append(flag))
@@ -154,6 +169,28 @@ def test_a_broken_head_raises_the_alarm(headed, tmp_path, monkeypatch, capsys, k
         assert not any(alarms[:6]) and alarms[-1], (alarms, drafted)
     assert capsys.readouterr().err.count("drafter alarm") == 1
     assert suspended == ([True] if k == "auto" else [])  # only --k auto stops drafting
+
+
+class HealingTrainer(CorruptingTrainer):
+    """... and after its 9th update the head is mended (a later weight sync that works)."""
+
+    def step(self, rollouts):
+        stats = super().step(rollouts)
+        if self.policy_version == 9:
+            with torch.no_grad():
+                self.policy.model.mtp.norm.weight.div_(1e3)
+        return stats
+
+
+def test_with_k_auto_drafting_resumes_when_the_head_recovers(headed, tmp_path, monkeypatch, fixed_costs):
+    monkeypatch.setattr("bebop.rl.loop.PolicyTrainer", HealingTrainer)
+    calls = []
+    suspend = SyncSource.suspend_drafting
+    monkeypatch.setattr(SyncSource, "suspend_drafting", lambda self, flag: (calls.append(flag), suspend(self, flag)))
+    rows = read_metrics(_run(tmp_path / "run", rl_cfg(headed, spec="rs", k="auto", steps=16, batch_prompts=4)))
+    alarms = [r["drafter_alarm"] for r in rows]
+    assert calls == [True, False], alarms  # stopped drafting, then resumed
+    assert alarms[-1] is False and any(alarms[6:9])
 
 
 # 4. warping: the trainer's log-probs are the sampler's
