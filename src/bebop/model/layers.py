@@ -102,19 +102,13 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x (B, T, H) -> q (B, Hq, T, Dh), k, v (B, Hkv, T, Dh), normed and rotated.
-
-        q and k are normed and rotated as one tensor (same result as q_norm(q), k_norm(k) one by one,
-        half the small ops of a decode step)."""
+        """x (B, T, H) -> q (B, Hq, T, Dh), k, v (B, Hkv, T, Dh), normed and rotated."""
         b, t, _ = x.shape
-        heads = self.num_heads + self.num_kv_heads
-        qkv = self.qkv_proj(x).view(b, t, heads + self.num_kv_heads, self.head_dim)  # (B, T, Hq+2Hkv, Dh)
-        qk, v = qkv.split((heads, self.num_kv_heads), dim=2)  # (B, T, Hq+Hkv, Dh), (B, T, Hkv, Dh)
-        scale = torch.cat([self.q_norm.weight.expand(self.num_heads, -1),
-                           self.k_norm.weight.expand(self.num_kv_heads, -1)])  # (Hq+Hkv, Dh)
-        qk = apply_rope(rms_normalize(qk, self.q_norm.eps) * scale, cos, sin).transpose(1, 2)  # (B, Hq+Hkv, T, Dh)
-        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
-        return q, k, v.transpose(1, 2)
+        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = apply_rope(self.q_norm(q.view(b, t, self.num_heads, self.head_dim)), cos, sin)  # (B, T, Hq, Dh)
+        k = apply_rope(self.k_norm(k.view(b, t, self.num_kv_heads, self.head_dim)), cos, sin)  # (B, T, Hkv, Dh)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, Dh)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         b, t, _ = x.shape
