@@ -27,6 +27,7 @@ from bebop.policy import load_policy
 from bebop.rollout import encode_prompts
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
+
 from common import machine, median, timed
 
 

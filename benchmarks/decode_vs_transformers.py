@@ -20,6 +20,7 @@ from bebop.embedded import init_model_dir
 from bebop.engine import generate
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
+
 from common import machine, median, timed
 
 

@@ -27,9 +27,11 @@ import torch
 from bebop.policy import load_policy
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.config import RLConfig
-from bebop.rl.ray_backend import RaySource, connect, require_ray
+from bebop.rl.ray_backend import RaySource
+from bebop.rl.ray_connect import connect, require_ray
 from bebop.rl.sampler import RolloutSampler
 from bebop.tasks import get_task
+
 from common import machine, median
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from bebop.engine.speculative import parse_k
 from bebop.rl import RLConfig, train_rl
+
 from common import machine
 
 
@@ -45,7 +46,8 @@ def main() -> None:
     base = None
     for run in map(parse_run, args.runs.split(",")):
         cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=run["mode"], spec=run["spec"],
-                       k=parse_k(args.k) if run["spec"] != "off" else RLConfig.k, group_size=args.group_size, batch_prompts=args.batch_prompts,
+                       k=parse_k(args.k) if run["spec"] != "off" else RLConfig.k, group_size=args.group_size,
+                       batch_prompts=args.batch_prompts,
                        max_new_tokens=args.max_new_tokens, save_every=args.steps,
                        rollout_threads=run["rollout_threads"], train_threads=run["train_threads"])
         with tempfile.TemporaryDirectory() as tmp:

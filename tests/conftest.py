@@ -8,6 +8,7 @@ import torch
 from bebop.embedded import init_model_dir
 from bebop.tasks import get_task
 from bebop.tokenizer import build_char_tokenizer, codec_from_tokenizer, save_tokenizer
+
 from rl_helpers import DigitTask, make_headed
 
 CHAR_CODEC = codec_from_tokenizer(build_char_tokenizer())

@@ -10,6 +10,7 @@ from bebop.engine.adaptive import PROBE_EVERY, AcceptanceEstimate, AdaptiveK
 from bebop.engine.step_costs import MAX_JUMP, StepCosts, profile, step_costs
 from bebop.errors import BebopError
 from bebop.sampling import SamplingParams
+
 from test_speculative import PROMPTS, _ids
 
 

@@ -13,6 +13,7 @@ from bebop.engine.generate import COMPACT_EVERY
 from bebop.engine.refresh_log import RefreshLog
 from bebop.sampling import SamplingParams, warp_probs
 from conftest import CHAR_CODEC
+
 from test_speculative import PROMPTS, _assert_follows, _ids, _mixture_drafter, _oracle_drafter
 
 EOS_ = CHAR_CODEC.eos_id

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from bebop.errors import BebopError
-from bebop.losses import (DRAFT_LOSSES, DraftLossInputs, ce_loss, chain_mask, draft_loss, e2e_tv_loss, kl_loss,
-                          rkl_loss, tv_loss)
+from bebop.losses import DRAFT_LOSSES, DraftLossInputs, ce_loss, draft_loss, e2e_tv_loss, kl_loss, rkl_loss, tv_loss
 
 ROW_FNS = {"ce": ce_loss, "kl": kl_loss, "rkl": rkl_loss, "tv": tv_loss}
 NAMES = ["ce", "kl", "rkl", "tv", "e2e_tv"]
@@ -257,23 +256,6 @@ def test_no_kept_chain_gives_zero_loss_that_still_backpropagates():
     assert empty.num_chains == 0 and empty.loss.item() == 0.0
 
 
-def test_chain_mask_hand_example():
-    valid = torch.tensor([[1, 1, 1, 1, 1, 1],
-                          [1, 1, 1, 1, 0, 0],   # right padding
-                          [0, 1, 1, 1, 1, 1]], dtype=torch.bool)  # left padding
-    # K = 2: keep t iff t, t+1, t+2 are all valid (targets at t+1, t+2)
-    assert chain_mask(valid, 2).int().tolist() == [[1, 1, 1, 1, 0, 0],
-                                                   [1, 1, 0, 0, 0, 0],
-                                                   [0, 1, 1, 1, 0, 0]]
-    # K = 1: keep t iff t and t+1 are valid; the last position never
-    assert chain_mask(valid, 1).int().tolist() == [[1, 1, 1, 1, 1, 0],
-                                                   [1, 1, 1, 0, 0, 0],
-                                                   [0, 1, 1, 1, 1, 0]]
-    # a chain longer than the sequence is never kept
-    assert not chain_mask(valid, 6).any() and not chain_mask(valid, 9).any()
-    assert torch.equal(valid, torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0], [0] + [1] * 5], dtype=torch.bool))
-
-
 # ---- the target never receives gradient -----------------------------------------------------------
 
 @pytest.mark.parametrize("name", NAMES)
@@ -315,8 +297,6 @@ def test_bad_input_raises_bebop_error():
         lambda: e2e_tv_loss(z, p[:, :, :3]),
         lambda: tv_loss(z, p),  # per-row functions take (N, V)
         lambda: ce_loss(z[:, 0], p[:3, 0]),
-        lambda: chain_mask(torch.ones(2, 3), 1),  # not bool
-        lambda: chain_mask(torch.ones(2, 3, dtype=torch.bool), 0),
     ]
     for case in cases:
         with pytest.raises(BebopError):

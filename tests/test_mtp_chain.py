@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bebop.model import load_model
-from bebop.mtp_chain import chain_forward, shifted
+from bebop.mtp.chain import chain_forward, shifted
 
 
 @pytest.mark.parametrize("num_layers", [1, 2])

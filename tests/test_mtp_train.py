@@ -9,8 +9,8 @@ from bebop.embedded import init_model_dir
 from bebop.errors import BebopError
 from bebop.model import load_model
 from bebop.model.checkpoint import save_model
-from bebop.mtp_data import Sequence
-from bebop.mtp_train import MTPTrainConfig, make_batch, train_mtp
+from bebop.mtp.data import Sequence
+from bebop.mtp.train import MTPTrainConfig, make_batch, train_mtp
 from bebop.policy import load_policy
 
 
@@ -58,7 +58,7 @@ def test_training_changes_only_the_head_and_raises_acceptance(headed_model, tmp_
 
 
 def test_measured_acceptance_rises_in_the_engine(headed_model, tmp_path):
-    from bebop.mtp_eval import evaluate_mtp
+    from bebop.mtp.evaluate import evaluate_mtp
     from bebop.tasks import get_task
 
     def acceptance(path):
@@ -156,7 +156,7 @@ def test_loss_study_writes_a_table_from_its_runs(headed_model, tmp_path):
 
 
 def test_ce_warmup_switches_loss_once():
-    from bebop.mtp_train import loss_at
+    from bebop.mtp.train import loss_at
 
     cfg = _cfg(loss="e2e_tv", steps=10, ce_warmup_steps=4)
     assert [loss_at(s, cfg) for s in range(10)] == ["ce"] * 4 + ["e2e_tv"] * 6

@@ -8,8 +8,7 @@ import torch
 
 from bebop.errors import BebopError
 from bebop.rl.batch import to_train_batch
-from bebop.rl.grpo import (ADV_EPS, GRPOLossInputs, grpo_loss, group_advantages, k3_kl, token_logprobs,
-                           truncated_is_weights)
+from bebop.rl.grpo import ADV_EPS, GRPOLossInputs, group_advantages, grpo_loss, k3_kl, token_logprobs, truncated_is_weights
 from bebop.rl.records import Rollout, RolloutBatch
 from bebop.sampling import SamplingParams
 

@@ -14,14 +14,16 @@ from bebop.errors import BebopError
 from bebop.model import load_model
 from bebop.model.checkpoint import save_model
 from bebop.policy import load_policy
-from bebop.rl import RLConfig, train_rl
-from bebop.rl.async_loop import AsyncSource, snapshot
+from bebop.rl import train_rl
+from bebop.rl.async_loop import AsyncSource
 from bebop.rl.mtp_online import make_online_mtp
 from bebop.rl.records import RolloutBatch
 from bebop.rl.sampler import RolloutSampler
+from bebop.rl.source import snapshot
 from bebop.rl.trainer import PolicyTrainer
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
+
 from rl_helpers import read_metrics, rl_cfg
 
 METRIC_KEYS = {"step", "reward", "pass_rate", "entropy", "mean_acceptance_length", "acceptance_rate_per_position",

@@ -6,7 +6,6 @@ The Ray tests share one local Ray (num_cpus=2) whose workers get tests/ on PYTHO
 task and sampler wrappers below unpickle there; RaySource uses an initialised Ray as it is.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import torch
 
 from bebop.errors import BebopError
 from bebop.policy import load_policy
-from bebop.rl import RLConfig, train_rl
+from bebop.rl import train_rl
 from bebop.rl.checkpoint import load_checkpoint
 from bebop.rl.config import Backend
 from bebop.rl.sampler import STREAM_STRIDE, RolloutSampler
@@ -93,14 +92,14 @@ def test_unreachable_ray_address_fails_fast_naming_it(headed, tmp_path):
 
 
 def test_a_ray_connection_error_becomes_a_bebop_error_naming_the_address(monkeypatch):
-    from bebop.rl import ray_backend
+    from bebop.rl import ray_connect
 
     def refuse(**kw):
         raise ConnectionError("Could not find any running Ray instance.")
 
     monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False, init=refuse))
     with pytest.raises(BebopError, match="cannot connect to the Ray cluster at auto: Could not find"):
-        ray_backend.connect("auto", 1)
+        ray_connect.connect("auto", 1)
 
 
 # --- on Ray ------------------------------------------------------------------------------------

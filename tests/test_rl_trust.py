@@ -18,9 +18,11 @@ from bebop.rl.drafter_alarm import CLEARED, RAISED, DrafterAlarm
 from bebop.rl.grpo import GRPOLossInputs, grpo_loss, token_logprobs
 from bebop.rl.loop import step_metrics
 from bebop.rl.records import Rollout, RolloutBatch
-from bebop.rl.source import Fetched, SyncSource
+from bebop.rl.source import Fetched
+from bebop.rl.sync_source import SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats
 from bebop.sampling import SamplingParams, warp_probs
+
 from rl_helpers import read_metrics, rl_cfg
 
 TIMING = {"rollout_s", "wait_s", "train_s", "step_s", "tokens_per_s"}

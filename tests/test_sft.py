@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from bebop.cli import main
+from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
-from bebop.sft import IGNORE, SFTConfig, encode_example, train_sft
+from bebop.sft import SFTConfig, train_sft
 from conftest import CHAR_CODEC
 
 TINY = (("hidden_size", 32), ("intermediate_size", 64), ("num_hidden_layers", 1), ("num_attention_heads", 2),

@@ -7,8 +7,7 @@ import pytest
 
 from bebop.tasks import get_task
 from bebop.tasks.base import Problem
-from bebop.tasks.code_lang import (CodeError, evaluate_expression, parse_program,
-                                   run_program)
+from bebop.tasks.code_lang import CodeError, evaluate_expression, parse_program, run_program
 from bebop.tasks.code_task import HIDDEN_INPUTS
 
 OPS = [["mul", 3], ["add", 4]]

@@ -63,7 +63,11 @@ def _run_demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bebop.commands import eval as eval_cmd, mtp as mtp_cmd, report as report_cmd, rl as rl_cmd, sft as sft_cmd
+    from bebop.commands import eval as eval_cmd
+    from bebop.commands import mtp as mtp_cmd
+    from bebop.commands import report as report_cmd
+    from bebop.commands import rl as rl_cmd
+    from bebop.commands import sft as sft_cmd
     from bebop.tasks.cli import register as register_tasks
 
     parser = argparse.ArgumentParser(prog="bebop", description=__doc__.splitlines()[0])

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from bebop.embedded import init_model_dir
+from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.model.checkpoint import save_model
@@ -36,7 +37,6 @@ from bebop.tasks import Problem, Task, get_task
 from bebop.tokenizer import TextCodec
 from bebop.train_state import check_same_config, load_train_state, rng_state, save_train_state, set_rng_state
 
-IGNORE = -100
 META_FILE = "sft_meta.json"
 # steps per task so that the test pass rate at temperature 1 lands in 20-70% (docs/results/policies.md;
 # math measured on the 12-layer default, code and agent on the earlier 4-layer one)
@@ -57,32 +57,6 @@ class SFTConfig:
     pool: int = 20000  # train problems drawn once; demonstrations are redrawn every step
     save_every: int = 100
     model_overrides: tuple = ()  # (("hidden_size", 64), ...) for tiny test models
-
-
-def env_token_mask(ids: Sequence[int], codec: TextCodec) -> list[bool]:
-    """True for tokens the environment wrote: each `<obs>` through its `</obs>`."""
-    open_id, close_id = codec.token_id("<obs>"), codec.token_id("</obs>")
-    inside, out = False, []
-    for tok in ids:
-        if tok == open_id:
-            inside = True
-        out.append(inside)
-        if tok == close_id:
-            inside = False
-    return out
-
-
-def encode_example(codec: TextCodec, prompt: str, completion: str,
-                   context: int | None = None) -> tuple[list[int], list[int]]:
-    """-> (ids, labels): labels are the ids where the policy is trained, IGNORE elsewhere.
-
-    With `context`, both are cut to its first `context` tokens: a long-tail demonstration on a
-    model with a small context (the embedded default's 512 holds every task's examples whole)."""
-    p_ids = codec.encode(prompt)
-    c_ids = codec.encode(completion) + [codec.eos_id]
-    env = env_token_mask(c_ids, codec)
-    labels = [IGNORE] * len(p_ids) + [IGNORE if e else t for t, e in zip(c_ids, env)]
-    return (p_ids + c_ids)[:context], labels[:context]
 
 
 def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,8 +11,8 @@ import torch
 from tqdm import tqdm
 
 from bebop.engine import generate
-from bebop.engine.metrics import SpecMetrics
 from bebop.engine.adaptive import AdaptiveK
+from bebop.engine.metrics import SpecMetrics
 from bebop.engine.speculative import AUTO, check_spec_flags, parse_k, speculative_generate
 from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError

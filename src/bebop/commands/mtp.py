@@ -64,7 +64,7 @@ def run_study(args: argparse.Namespace) -> None:
 
 
 def _add_train(mtp_sub) -> None:
-    from bebop.mtp_train import MTPTrainConfig
+    from bebop.mtp.train import MTPTrainConfig
 
     d = MTPTrainConfig()
     p = mtp_sub.add_parser("train", help="train the MTP head on the policy's own samples (trunk frozen)")
@@ -88,7 +88,7 @@ def _add_train(mtp_sub) -> None:
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from bebop.mtp_train import MTPTrainConfig, train_mtp
+    from bebop.mtp.train import MTPTrainConfig, train_mtp
 
     cfg = MTPTrainConfig(loss=args.loss, depths=args.depths, steps=args.steps, lr=args.lr,
                          batch_size=args.batch_size, temperature=args.temperature, seed=args.seed, task=args.task,
@@ -111,7 +111,7 @@ def _add_eval(mtp_sub) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    from bebop.mtp_eval import evaluate_mtp
+    from bebop.mtp.evaluate import evaluate_mtp
     from bebop.tasks import get_task
 
     try:

@@ -5,7 +5,7 @@ expected emitted tokens per second, 0 meaning a plain step.
     k = policy.choose(rows)                  # before the step
     policy.observe(rows, k, seconds, accepted)  # after it: measured time, accepted drafts per row
 
-Expected tokens of a step with k drafts: E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i (method.md
+Expected tokens of a step with k drafts: E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i (docs/method.md
 section 3), with alpha_d the running conditional acceptance at depth d (accepted at d / reached d,
 decayed so it follows a policy that changes under RL; an unseen depth borrows the depth before it).
 Cost: `StepCosts.predict(rows, k)`. The choice is argmax_k E(k) / cost(rows, k). So a large live

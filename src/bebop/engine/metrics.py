@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -89,3 +90,11 @@ class SpecMetrics:
                 "acceptance_rate_per_position": self.acceptance_rate_per_position, "mean_entropy": self.mean_entropy,
                 "k_histogram": {label: {str(k): n for k, n in sorted(c.items())}
                                 for label, c in sorted(self.k_histogram.items(), key=lambda kv: int(kv[0].split("-")[0]))}}
+
+
+def merged(metrics: Sequence[SpecMetrics], k: int) -> SpecMetrics:
+    """The metrics of several generate calls as one (k: the largest K any of them may verify)."""
+    out = SpecMetrics(k)
+    for m in metrics:
+        out = out.merge(m)
+    return out

@@ -1,4 +1,4 @@
-"""Batched lossless speculative generation with an MTP draft head (method.md section 3).
+"""Batched lossless speculative generation with an MTP draft head (docs/method.md section 3).
 
     gens, metrics = speculative_generate(model, prompts, k=3, mode="rs", max_new_tokens=128,
                                          sampling=SamplingParams(1.0), stop_ids=[eos], generator=g)
@@ -42,8 +42,7 @@ from bebop.engine.rows import Observer, RowBook
 from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
-from bebop.sampling import (SamplingParams, entropy, rejection_sample, sample, target_only_sample, to_host,
-                            warp_probs)
+from bebop.sampling import SamplingParams, entropy, rejection_sample, sample, target_only_sample, to_host, warp_probs
 
 SPEC_MODES = ("to", "rs")
 MAX_K = 8
@@ -131,6 +130,21 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     while run.live:
         run.step()
     return run.book.rows, run.metrics
+
+
+def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, max_k: int = DEFAULT_MAX_K,
+                           controller: AdaptiveK | None = None):
+    """A generate function for rollout.run_episodes that drafts with the MTP head and appends each
+    call's metrics to `sink` (k="auto": `controller` carries the acceptance estimate and costs
+    across calls)."""
+
+    def run(model: CausalLM, prompts, **kwargs) -> list[Generation]:
+        gens, metrics = speculative_generate(model, prompts, k=k, mode=mode, max_k=max_k, controller=controller,
+                                             **kwargs)
+        sink.append(metrics)
+        return gens
+
+    return run
 
 
 class _Run:

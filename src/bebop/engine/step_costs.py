@@ -14,9 +14,10 @@ tokens. A step with k drafts is predicted as
 Everything else a step does (sampling, acceptance, drafting-loop bookkeeping) is learned from
 measured steps: each live-rows bucket keeps two running ratios measured / profiled, one for plain
 steps and one for drafting steps (every k shares it: the profile gives the shape in k, the ratio
-the level; a bucket not measured yet starts from the nearest measured one). A ratio is a running mean of log ratios in which one step moves the estimate by at
-most a factor exp(MAX_JUMP) / (1 - RATIO_DECAY), so one step that the machine slowed down (these
-are shared machines) cannot lock a bucket out of drafting. Nothing is hard-coded per machine.
+the level; a bucket not measured yet starts from the nearest measured one). A ratio is a running
+mean of log ratios in which one step moves the estimate by at most a factor
+exp(MAX_JUMP) / (1 - RATIO_DECAY), so one step that the machine slowed down (these are shared
+machines) cannot lock a bucket out of drafting. Nothing is hard-coded per machine.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""Draft (MTP head) losses as pure functions: ce, kl, rkl, tv, e2e_tv (method.md section 4).
+"""Draft (MTP head) losses as pure functions: ce, kl, rkl, tv, e2e_tv (docs/method.md section 4).
 
 Per row (N, V), (N, V) -> (N,): `ce_loss`, `kl_loss`, `rkl_loss`, `tv_loss`.
 Per chain (N, K, V): `draft_loss(name, DraftLossInputs) -> DraftLossOutput` (loss + per-depth TV
-and acceptance), `e2e_tv_loss`, and `chain_mask` to build the chain mask from padding.
+and acceptance) and `e2e_tv_loss` (which chains are trained: bebop.mtp.train.make_batch).
 Full vocabulary, chunked over chains: extra memory is the (N, K, V) gradient plus
 O(chunk_size * K * V) temporaries (see `bebop.losses.rows`).
 """
 
-from bebop.losses.draft import DRAFT_LOSSES, DraftLossInputs, DraftLossOutput, chain_mask, draft_loss, e2e_tv_loss
-from bebop.losses.rows import (DEFAULT_CHUNK_SIZE, RKL_TARGET_FLOOR, ce_loss, kl_loss, rkl_loss, tv_loss)
+from bebop.losses.draft import DRAFT_LOSSES, DraftLossInputs, DraftLossOutput, draft_loss, e2e_tv_loss
+from bebop.losses.rows import DEFAULT_CHUNK_SIZE, RKL_TARGET_FLOOR, ce_loss, kl_loss, rkl_loss, tv_loss
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "DRAFT_LOSSES", "DraftLossInputs", "DraftLossOutput", "RKL_TARGET_FLOOR",
-           "ce_loss", "chain_mask", "draft_loss", "e2e_tv_loss", "kl_loss", "rkl_loss", "tv_loss"]
+           "ce_loss", "draft_loss", "e2e_tv_loss", "kl_loss", "rkl_loss", "tv_loss"]

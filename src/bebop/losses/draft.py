@@ -2,7 +2,7 @@
 
 Shapes: B batch, T time, V vocab, K depths (drafts per chain), N chains (usually B*T flattened).
 A chain is the K draft rows produced from one start position t; row d (1-based depth) is
-trained against the trunk's distribution at position t + d (method.md section 4).
+trained against the trunk's distribution at position t + d (docs/method.md section 4).
 
 Per chain, from the per-row values r_1..r_K (see `bebop.losses.rows`):
 - ce, kl, rkl, tv: mean over depths, (1/K) sum_d r_d.
@@ -117,24 +117,3 @@ def e2e_tv_loss(draft_logits: Tensor, target_probs: Tensor, mask: Tensor | None 
     """(N, K, V), (N, K, V), mask (N,) bool or None -> scalar: mean over kept chains of
     1 - (1/K) sum_j prod_{i<=j} (1 - TV_i)."""
     return draft_loss("e2e_tv", DraftLossInputs(draft_logits, target_probs, mask), chunk_size=chunk_size).loss
-
-
-def chain_mask(valid: Tensor, depths: int) -> Tensor:
-    """valid (B, T) bool -> keep (B, T) bool: which chain start positions are trainable.
-
-    A chain starting at position t uses the trunk hidden at t and, for depth d = 1..K, the data
-    token at t + d (input) and the trunk's distribution at t + d (target row). So
-    keep[b, t] = valid[b, t] & valid[b, t+1] & ... & valid[b, t+K]; the last K positions of every
-    row are never kept (t + K would run past the sequence end). Example, K = 2:
-    valid = [1 1 1 1 0] -> keep = [1 1 0 0 0]."""
-    if not isinstance(valid, Tensor) or valid.dtype != torch.bool or valid.dim() != 2:
-        shape = tuple(valid.shape) if isinstance(valid, Tensor) else type(valid).__name__
-        raise BebopError(f"chain_mask: valid must be a (B, T) bool tensor, got {shape}")
-    if isinstance(depths, bool) or not isinstance(depths, int) or depths < 1:
-        raise BebopError(f"chain_mask: depths K must be an int >= 1, got {depths!r}")
-    t = valid.shape[1]
-    keep = valid.clone()
-    for d in range(1, depths + 1):
-        keep[:, : max(t - d, 0)] &= valid[:, d:]
-        keep[:, max(t - d, 0):] = False
-    return keep

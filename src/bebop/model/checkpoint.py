@@ -23,11 +23,11 @@ from safetensors.torch import save_file
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write, atomic_write_json
 from bebop.model.config import ModelConfig, read_config, write_config
+from bebop.model.mtp import MTP_PREFIX
 from bebop.model.qwen3 import CausalLM
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-MTP_PREFIX = "mtp."
 
 
 def _weight_files(model_dir: Path) -> dict[str, list[str]]:

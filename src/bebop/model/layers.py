@@ -31,14 +31,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and not self.offset:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op
-        return (self.weight + self.offset) * rms_normalize(x, self.eps)
-
-
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) over the last dim, computed in float32, returned in x's dtype (no weight)."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, x.shape[-1:], None, eps)
-    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight + self.offset) * x.to(dtype)
 
 
 _ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (Dh, theta, dtype, device) -> cos, sin (N, Dh)
@@ -62,14 +58,14 @@ def _rope_table(head_dim: int, theta: float, dtype: torch.dtype, device: torch.d
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
                  limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions (B, T), all < limit (a host-known bound) -> cos, sin (B, T, 1, Dh) for rotate-half
-    RoPE on (B, T, heads, Dh)."""
+    """positions (B, T), all < limit (a host-known bound) -> cos, sin (B, 1, T, Dh) for rotate-half
+    RoPE on (B, heads, T, Dh)."""
     cos, sin = _rope_table(head_dim, theta, dtype, positions.device, limit)
-    return cos[positions][:, :, None], sin[positions][:, :, None]
+    return cos[positions][:, None], sin[positions][:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, T, heads, Dh) rotated by position."""
+    """x (B, heads, T, Dh) rotated by position."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -79,8 +75,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class AttentionContext:
     """What every layer of one forward call shares: rotary tables, positions, mask, cache."""
 
-    cos: torch.Tensor  # (B, T, 1, Dh)
-    sin: torch.Tensor  # (B, T, 1, Dh)
+    cos: torch.Tensor  # (B, 1, T, Dh)
+    sin: torch.Tensor  # (B, 1, T, Dh)
     positions: torch.Tensor  # (B, T) absolute positions of the new tokens
     mask: torch.Tensor | None  # (B, 1, T, S) bool, True = attend; None = plain causal, no cache
     cache: KVCache | None
@@ -105,10 +101,10 @@ class Attention(nn.Module):
         """x (B, T, H) -> q (B, Hq, T, Dh), k, v (B, Hkv, T, Dh), normed and rotated."""
         b, t, _ = x.shape
         q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = apply_rope(self.q_norm(q.view(b, t, self.num_heads, self.head_dim)), cos, sin)  # (B, T, Hq, Dh)
-        k = apply_rope(self.k_norm(k.view(b, t, self.num_kv_heads, self.head_dim)), cos, sin)  # (B, T, Hkv, Dh)
-        v = v.view(b, t, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, Dh)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = self.q_norm(q.view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, Hq, T, Dh)
+        k = self.k_norm(k.view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         b, t, _ = x.shape

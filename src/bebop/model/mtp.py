@@ -1,4 +1,4 @@
-"""The MTP draft head in the Qwen3-Next / Qwen3.5 layout (method.md section 2).
+"""The MTP draft head in the Qwen3-Next / Qwen3.5 layout (docs/method.md section 2).
 
 Inputs at position t: the trunk's last hidden state h_t (before the final norm) and the
 embedding of the token at t+1 (embedding table and LM head shared with the trunk):
@@ -15,7 +15,7 @@ verification, run through every MTP layer. With several layers, a depth sees onl
 entries its own layer wrote. Drafting depth d >= 2 writes speculative entries at
 positions t+1, t+2, ... which the next refresh overwrites (rollback = a length change). So depth
 d's query at position t+d-1 attends to refreshed history at positions <= t plus its own chain.
-MTP training (bebop.mtp_train) reproduces exactly this attention pattern.
+MTP training (bebop.mtp.train) reproduces exactly this attention pattern.
 
 Checkpoint keys: mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight, mtp.fc.weight,
 mtp.layers.{i}.* (trunk layer names), mtp.norm.weight; `mtp_num_hidden_layers` in config.json.
@@ -29,6 +29,8 @@ from torch import nn
 from bebop.model.config import ModelConfig
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import DecoderLayer, RMSNorm, attention_context
+
+MTP_PREFIX = "mtp."  # every head tensor's name starts with it (module attribute `mtp` of CausalLM)
 
 
 class MTPHead(nn.Module):

@@ -6,7 +6,7 @@
 
 Without a cache, `forward` runs plain causal attention from position 0 (training, scoring).
 With a cache, the chunk is appended per row at each row's length (see kv_cache.py).
-The pre-norm hidden state is what an MTP head consumes (method.md section 2).
+The pre-norm hidden state is what an MTP head consumes (docs/method.md section 2).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bebop.errors import BebopError
 from bebop.model.config import ModelConfig
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import DecoderLayer, RMSNorm, attention_context
-from bebop.model.mtp import MTPHead
+from bebop.model.mtp import MTP_PREFIX, MTPHead
 
 
 class Qwen3Model(nn.Module):
@@ -52,7 +52,7 @@ class CausalLM(nn.Module):
     def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02,
                      prefix: str = "") -> None:
         """Hugging Face's Qwen3 initialisation: N(0, std) for linear and embedding, norms at unit
-        scale. `prefix` limits it to one part (e.g. "mtp.")."""
+        scale. `prefix` limits it to one part (e.g. MTP_PREFIX)."""
         with torch.no_grad():
             for name, module in self.named_modules():
                 if not name.startswith(prefix):
@@ -70,7 +70,15 @@ class CausalLM(nn.Module):
             raise BebopError(f"an MTP head needs at least 1 layer, got {num_layers}")
         self.config = replace(self.config, mtp_num_hidden_layers=num_layers)
         self.mtp = MTPHead(self.config).to(device=self.device, dtype=self.dtype)
-        self.init_weights(generator, prefix="mtp.")
+        self.init_weights(generator, prefix=MTP_PREFIX)
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        """The MTP head's parameters (mtp.*; empty without a head)."""
+        return [p for name, p in self.named_parameters() if name.startswith(MTP_PREFIX)]
+
+    def trunk_parameters(self) -> list[nn.Parameter]:
+        """Everything but the head: embeddings, decoder layers, final norm, LM head (shared with the head)."""
+        return [p for name, p in self.named_parameters() if not name.startswith(MTP_PREFIX)]
 
     def require_mtp(self) -> MTPHead:
         if self.mtp is None:

@@ -16,7 +16,8 @@ v0 + (i - i0) and must be sampled at v0 + (i - i0) - max_staleness or later). Wi
 max_staleness=0 the worker samples only between updates: the run is on-policy and loses no batch
 (the same batches and metrics as --mode sync); with 1 it samples batch i+1 while batch i trains.
 The trainer still drops a batch whose staleness (trainer version - batch version) exceeds
-max_staleness (a guard; the wait makes it unreachable in a normal run) and counts it. torch releases the GIL inside ops, so generation and training overlap on one machine;
+max_staleness (a guard; the wait makes it unreachable in a normal run) and counts it. torch
+releases the GIL inside ops, so generation and training overlap on one machine;
 `rollout_threads` / `train_threads` split the cores between them (torch's thread count is per
 thread), which on a 2-core machine beats both sharing both cores (docs/benchmarks.md).
 """
@@ -27,32 +28,19 @@ import copy
 import queue
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from bebop.errors import BebopError
-from bebop.rl.records import RolloutBatch
-from bebop.rl.sampler import RolloutSampler
-from bebop.rl.source import Fetched
+from bebop.rl.source import Fetched, is_fresh, snapshot, sync_weights
+
+if TYPE_CHECKING:
+    from bebop.model.qwen3 import CausalLM
+    from bebop.rl.records import RolloutBatch
+    from bebop.rl.sampler import RolloutSampler
 
 POLL_S = 0.05
-
-
-def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A detached copy of the full state dict (trunk and mtp.*)."""
-    return {name: t.detach().clone() for name, t in model.state_dict().items()}
-
-
-def sync_weights(engine: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load every tensor of `state` into the engine model; both must hold the same names (head included)."""
-    engine_has_head = any(k.startswith("mtp.") for k in engine.state_dict())
-    if engine_has_head and not any(k.startswith("mtp.") for k in state):
-        raise BebopError("weight sync carries no mtp.* tensors but the rollout engine drafts with a head")
-    engine.load_state_dict(state, strict=True)
-
-
-def is_fresh(batch_version: int, trainer_version: int, max_staleness: int) -> bool:
-    return trainer_version - batch_version <= max_staleness
 
 
 def required_version(index: int, start_index: int, start_version: int, max_staleness: int) -> int:
@@ -61,7 +49,7 @@ def required_version(index: int, start_index: int, start_version: int, max_stale
 
 
 class AsyncSource:
-    def __init__(self, sampler: RolloutSampler, model: torch.nn.Module, *, start_index: int, policy_version: int = 0,
+    def __init__(self, sampler: RolloutSampler, model: CausalLM, *, start_index: int, policy_version: int = 0,
                  max_staleness: int = 1) -> None:
         self.sampler, self.max_staleness, self.next_index = sampler, max_staleness, start_index
         self.engine = copy.deepcopy(model).eval().requires_grad_(False)
@@ -110,7 +98,7 @@ class AsyncSource:
             sync_weights(self.engine, state)
 
     # trainer side
-    def publish(self, model: torch.nn.Module, version: int) -> None:
+    def publish(self, model: CausalLM, version: int) -> None:
         state = snapshot(model)
         with self.published_cond:
             self.latest = (version, state)

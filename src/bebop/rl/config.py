@@ -96,6 +96,7 @@ class RLConfig:
 @dataclass(frozen=True)
 class Backend:
     """Where rollouts run: in this process (local) or on Ray actors (ray_backend.RaySource).
+    `validate` checks the combination only (no I/O); ray_connect.preflight probes the cluster.
 
     Not saved in config.json: the prompt stream is a pure function of (seed, data index), so a run
     may be resumed on another backend or with another number of workers."""
@@ -114,20 +115,12 @@ class Backend:
         if cfg.mode != "async":
             raise BebopError("--backend ray samples asynchronously: use --mode async "
                              "(--max-staleness 0 for on-policy batches)")
-        if not 1 <= self.rollout_workers <= cfg.max_staleness + 1:
-            raise BebopError(f"--rollout-workers {self.rollout_workers} with --max-staleness {cfg.max_staleness}: "
-                             f"between 1 and max_staleness + 1 = {cfg.max_staleness + 1} workers can sample batches "
-                             f"fresh enough to train on; raise --max-staleness or use fewer workers")
-        from bebop.rl.ray_backend import probe_address, require_ray
+        check_worker_count(self.rollout_workers, cfg.max_staleness)
 
-        require_ray()
-        if self.ray_address is not None:
-            probe_address(self.ray_address)  # before anything is written to the run directory
 
-    def source(self, mode: str) -> str:
-        """The loop's SOURCES key."""
-        return "ray" if self.name == "ray" else mode
-
-    def source_options(self) -> dict:
-        """Extra keyword arguments of that source."""
-        return {"workers": self.rollout_workers, "address": self.ray_address} if self.name == "ray" else {}
+def check_worker_count(workers: int, max_staleness: int) -> None:
+    """At most max_staleness + 1 rollout workers can sample batches fresh enough to train on."""
+    if not 1 <= workers <= max_staleness + 1:
+        raise BebopError(f"--rollout-workers {workers} with --max-staleness {max_staleness}: between 1 and "
+                         f"max_staleness + 1 = {max_staleness + 1} workers can sample batches fresh enough to "
+                         f"train on; raise --max-staleness or use fewer workers")

@@ -17,7 +17,7 @@ first draft is verified at every k; a lost head takes both to about zero gain to
   either way and changes nothing.
 
 The defaults are loose on purpose: under RL the policy's entropy rises and acceptance drifts down
-with it (the paper's entropy law, method.md section 5) by far less than half; a lost or stale head
+with it (the paper's entropy law, docs/method.md section 5) by far less than half; a lost or stale head
 falls to near 0. The loop prints one warning line when the alarm is raised, writes
 `drafter_alarm: true` in every step's metrics while it is up, and with --k auto stops drafting
 (AdaptiveK.suspended: plain steps, with a drafting probe every PROBE_EVERY engine steps so that

@@ -1,4 +1,4 @@
-"""GRPO math as pure functions (method.md section 6).
+"""GRPO math as pure functions (docs/method.md section 6).
 
 Glossary (one PPO/GRPO update on a batch of rollouts):
     sampler log-probs   what the engine reported for each emitted token: log of the

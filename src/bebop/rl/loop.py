@@ -8,8 +8,8 @@ random states, data position, step, policy version) and, when finished, model/ (
 policy with its head). `resume=True` continues from LATEST; a different config is an error that
 names the fields.
 
-Sync and async differ only in the rollout source (SOURCES[cfg.mode]; SOURCES["ray"] with
-`backend=Backend("ray", ...)`: async rollouts on Ray actors): the step itself is the same, and
+Sync and async differ only in the rollout source (SOURCES[(backend, mode)]: sync and async in this
+process, async on Ray actors with `backend=Backend("ray", ...)`): the step itself is the same, and
 every batch carries the policy version that sampled it.
 """
 
@@ -19,33 +19,36 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from bebop.engine.speculative import AUTO
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.model.checkpoint import load_model
+from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy, load_policy
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
-from bebop.engine.speculative import AUTO
 from bebop.rl.config import Backend, RLConfig
 from bebop.rl.drafter_alarm import CLEARED, RAISED, DrafterAlarm
 from bebop.rl.metrics import MetricsWriter, StepMetrics, length_percentiles, require_tensorboard
 from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
 from bebop.rl.ray_backend import RaySource
+from bebop.rl.ray_connect import preflight
 from bebop.rl.sampler import RolloutSampler
-from bebop.rl.source import Fetched, SyncSource
+from bebop.rl.source import Fetched, RolloutSource
+from bebop.rl.sync_source import SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
 from bebop.tasks import get_task
 from bebop.train_state import check_same_config, rng_state, set_rng_state
 
 CONFIG_FILE = "config.json"
 FINAL_MODEL = "model"
-SOURCES = {"sync": SyncSource, "async": AsyncSource, "ray": RaySource}
+SOURCES = {("local", "sync"): SyncSource, ("local", "async"): AsyncSource, ("ray", "async"): RaySource}
 
 
 def _prepare(out: Path, cfg: RLConfig, resume: bool) -> Checkpoint | None:
@@ -126,11 +129,22 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
         mtp_acceptance_per_depth=mtp.acceptance_per_depth if mtp is not None else [])
 
 
+def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model: CausalLM, *, start_index: int,
+                policy_version: int) -> RolloutSource:
+    """The rollout source for (backend, mode), from the SOURCES table."""
+    kind = SOURCES[(backend.name, cfg.mode)]
+    extra = {"workers": backend.rollout_workers, "address": backend.ray_address} if backend.name == "ray" else {}
+    return kind(sampler, model, start_index=start_index, policy_version=policy_version,
+                max_staleness=cfg.max_staleness, **extra)
+
+
 def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: bool = True,
              tensorboard: bool = False, device: str = "auto", backend: Backend = Backend()) -> dict:
     """Run (or resume) GRPO in `out`; return a summary of the last steps."""
     cfg.validate()
     backend.validate(cfg)
+    if backend.name == "ray":
+        preflight(backend.ray_address)  # before anything is written to the run directory
     if tensorboard:
         require_tensorboard()
     out = Path(out)
@@ -143,20 +157,50 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
     atomic_write_json(out / CONFIG_FILE, asdict(cfg))
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
+    learner = _learner(policy, cfg, ckpt)
+    source = make_source(backend, cfg, sampler, policy.model, start_index=learner.data_index,
+                         policy_version=learner.trainer.policy_version)
+    if learner.alarm.raised and cfg.k == AUTO:
+        source.suspend_drafting(True)
+    history = _run_steps(out, cfg, learner, source, progress=progress, tensorboard=tensorboard)
+    write_model_dir(policy.model, Path(cfg.model), out / FINAL_MODEL)
+    tail = history[-5:]
+    return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),
+            "policy_version": learner.trainer.policy_version,
+            "reward_last": sum(m.reward for m in tail) / len(tail) if tail else None,
+            "mean_acceptance_length_last": sum(m.mean_acceptance_length for m in tail) / len(tail) if tail else None}
+
+
+@dataclass
+class Learner:
+    """The driver's side of a run: the policy update, the online head update, the drafter alarm, and
+    where the run starts (restored from the checkpoint on resume)."""
+
+    trainer: PolicyTrainer
+    online: OnlineMTP | None
+    alarm: DrafterAlarm
+    start: int  # steps already done
+    data_index: int  # the next batch of the prompt stream
+
+
+def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None) -> Learner:
     reference = frozen_reference(load_model(cfg.model, device=policy.model.device)) if cfg.kl_coef > 0 else None
     trainer = PolicyTrainer(policy, cfg, reference=reference,
                             policy_version=ckpt.state["policy_version"] if ckpt else 0)
     online = make_online_mtp(policy, cfg)
     start, data_index = _restore(ckpt, trainer, online)
-    alarm = DrafterAlarm(**ckpt.state["drafter_alarm"]) if ckpt and ckpt.state.get("drafter_alarm") else DrafterAlarm()
-    source = SOURCES[backend.source(cfg.mode)](sampler, policy.model, start_index=data_index,
-                                               policy_version=trainer.policy_version,
-                                               max_staleness=cfg.max_staleness, **backend.source_options())
-    if alarm.raised and cfg.k == AUTO:
-        source.suspend_drafting(True)
-    writer = MetricsWriter(out, resume_step=start, tensorboard=tensorboard)
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"rl {cfg.task} {cfg.mode}",
-               disable=not progress, file=sys.stderr)
+    saved_alarm = ckpt.state.get("drafter_alarm") if ckpt else None
+    return Learner(trainer, online, DrafterAlarm(**saved_alarm) if saved_alarm else DrafterAlarm(), start, data_index)
+
+
+def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource, *, progress: bool,
+               tensorboard: bool) -> list[StepMetrics]:
+    """Steps learner.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, log, save."""
+    trainer, online, alarm = learner.trainer, learner.online, learner.alarm
+    model = trainer.policy.model
+    writer = MetricsWriter(out, resume_step=learner.start, tensorboard=tensorboard)
+    bar = tqdm(range(learner.start, cfg.steps), initial=learner.start, total=cfg.steps,
+               desc=f"rl {cfg.task} {cfg.mode}", disable=not progress, file=sys.stderr)
     history: list[StepMetrics] = []
     threads = torch.get_num_threads()
     if cfg.mode == "async" and cfg.train_threads:
@@ -169,7 +213,7 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
             t1 = time.perf_counter()
             stats = trainer.step(fetched.batch)
             mtp = online.update(fetched.batch.rollouts) if online is not None else None
-            source.publish(policy.model, trainer.policy_version)
+            source.publish(model, trainer.policy_version)
             _watch_drafter(alarm, fetched.batch.spec, source, cfg)
             t2 = time.perf_counter()
             m = step_metrics(step + 1, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0, alarm.raised)
@@ -177,15 +221,10 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
             history.append(m)
             bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(out, step + 1, policy.model, cfg.model,
+                save_checkpoint(out, step + 1, model, cfg.model,
                                 _checkpoint_state(cfg, step + 1, source.next_index, trainer, online, alarm))
     finally:
         source.close()
         writer.close()
         torch.set_num_threads(threads)
-    write_model_dir(policy.model, Path(cfg.model), out / FINAL_MODEL)
-    tail = history[-5:]
-    return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),
-            "policy_version": trainer.policy_version,
-            "reward_last": sum(m.reward for m in tail) / len(tail) if tail else None,
-            "mean_acceptance_length_last": sum(m.mean_acceptance_length for m in tail) / len(tail) if tail else None}
+    return history

@@ -1,4 +1,4 @@
-"""Online MTP strategies during RL (method.md section 6): none | ce | tv | e2e_tv.
+"""Online MTP strategies during RL (docs/method.md section 6): none | ce | tv | e2e_tv.
 
     online = make_online_mtp(policy, cfg)          # None for "none": the pre-RL head stays frozen
     stats = online.update(batch.rollouts)          # one step of the draft loss on this step's rollouts
@@ -19,27 +19,17 @@ from dataclasses import dataclass
 
 import torch
 
-from bebop.mtp_data import Sequence as DraftSequence
-from bebop.mtp_train import MTPTrainConfig, chain_step, make_batch
+from bebop.mtp.data import Sequence as DraftSequence
+from bebop.mtp.train import MTPTrainConfig, chain_step, make_batch
 from bebop.policy import Policy
 from bebop.rl.config import RLConfig
 from bebop.rl.records import Rollout
-
-MTP_PREFIX = "mtp."
-
-
-def head_parameters(model) -> list[torch.nn.Parameter]:
-    return [p for name, p in model.named_parameters() if name.startswith(MTP_PREFIX)]
-
-
-def trunk_parameters(model) -> list[torch.nn.Parameter]:
-    return [p for name, p in model.named_parameters() if not name.startswith(MTP_PREFIX)]
 
 
 @contextmanager
 def trunk_frozen(model) -> Iterator[None]:
     """requires_grad off for every non-mtp parameter inside the block, restored after."""
-    trunk = trunk_parameters(model)
+    trunk = model.trunk_parameters()
     saved = [p.requires_grad for p in trunk]
     for p in trunk:
         p.requires_grad_(False)
@@ -64,7 +54,7 @@ def to_draft_sequences(rollouts: Sequence[Rollout]) -> list[DraftSequence]:
 class OnlineMTP:
     def __init__(self, policy: Policy, loss: str, cfg: RLConfig) -> None:
         self.policy = policy
-        self.params = head_parameters(policy.model)
+        self.params = policy.model.head_parameters()
         self.train_cfg = MTPTrainConfig(loss=loss, depths=cfg.draft_depths, temperature=cfg.temperature, lr=cfg.mtp_lr,
                                         grad_clip=cfg.mtp_grad_clip)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.mtp_lr, weight_decay=0.0, betas=(0.9, 0.95))

@@ -6,9 +6,10 @@
     source.close()
 
 It is the third entry of the loop's source table (`bebop rl --backend ray`), with the verbs of the
-local async source (async_loop.AsyncSource) and its code: `is_fresh` (staleness rule),
-`sync_weights` (strict load, `mtp.*` included), `Fetched`. Metrics and checkpoints are the loop's.
-Ray is imported only here, and only when a RaySource is made: the local backends never import it.
+local async source (async_loop.AsyncSource) and the shared pieces of source.py: `is_fresh` (staleness
+rule), `sync_weights` (strict load, `mtp.*` included), `Fetched`. Metrics and checkpoints are the
+loop's. Ray is imported only when a RaySource is made (ray_connect.py): the local backends never
+import it.
 
 Glossary:
     worker      a Ray actor (RolloutWorker) owning an engine (trunk + MTP head) and the sampler
@@ -38,10 +39,7 @@ index to it. An index is issued to one worker at a time and consumed once, so no
 trained on twice; an index that kills MAX_ATTEMPTS workers in a row is an error. An exception
 raised by the sampler itself (a bug, a bad task) is not retried: it is raised in the trainer.
 
-Connecting: without an address a local Ray is started (num_cpus=max(2, workers), no dashboard,
-worker logs kept out of the terminal, temp files under /tmp/bebop-ray) and shut down by close();
-with `address` ("auto", "HOST:PORT", "ray://HOST:PORT") an existing cluster is joined after a
-TCP probe of HOST:PORT (Ray itself retries an unreachable address for minutes). An already
+Connecting (ray_connect.py): a local Ray started here is shut down by close(); an already
 initialised Ray (ray.init called by the caller) is used as is and left running. Workers the
 cluster can never place (more than its CPUs, or GPUs when the learner is on CUDA) are refused at
 once (a static cluster is assumed: an autoscaler would add nodes later).
@@ -50,7 +48,6 @@ once (a static cluster is assumed: an autoscaler would add nodes later).
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -59,65 +56,14 @@ import torch
 
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
-from bebop.rl.async_loop import is_fresh, sync_weights
+from bebop.rl.config import check_worker_count
+from bebop.rl.ray_connect import connect, require_ray
 from bebop.rl.records import RolloutBatch
 from bebop.rl.sampler import RolloutSampler
-from bebop.rl.source import Fetched
+from bebop.rl.source import Fetched, is_fresh, sync_weights
 
-INSTALL_HINT = "--backend ray needs Ray: pip install 'bebop[ray]'"
-CONNECT_TIMEOUT_S = 5.0  # TCP probe of --ray-address
 START_TIMEOUT_S = 300.0  # a worker that is not up by then: the cluster lacks CPUs/GPUs, or the model is huge
 MAX_ATTEMPTS = 3  # workers one data index may kill before the run gives up
-LOCAL_TEMP_DIR = "/tmp/bebop-ray"
-
-
-def require_ray():
-    """The ray module, or a BebopError saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise BebopError(INSTALL_HINT) from None
-    return ray
-
-
-def probe_address(address: str) -> None:
-    """Fail fast with the address named when HOST:PORT accepts no TCP connection."""
-    if address in ("auto", "local"):
-        return
-    hostport = address.split("://", 1)[-1]
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit():
-        raise BebopError(f"--ray-address {address!r} is not 'auto', HOST:PORT or ray://HOST:PORT")
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        raise BebopError(f"cannot reach the Ray cluster at {address} ({exc}); is `ray start --head` running "
-                         f"there?") from None
-
-
-def connect(address: str | None, workers: int) -> bool:
-    """Start or join Ray; -> True when this call started it (and close() must shut it down)."""
-    ray = require_ray()
-    if ray.is_initialized():
-        return False
-    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    if address is None:
-        ray.init(num_cpus=max(2, workers), _temp_dir=LOCAL_TEMP_DIR, **quiet)
-        return True
-    probe_address(address)
-    try:
-        ray.init(address=address, **quiet)
-    except ConnectionError as exc:
-        raise BebopError(f"cannot connect to the Ray cluster at {address}: {exc}{_root_cause(exc)}") from None
-    return True
-
-
-def _root_cause(exc: BaseException) -> str:
-    """'; <last line of the innermost cause>' (Ray's ConnectionError hides why), or ''."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"; {lines[-1][:300]}" if lines else ""
 
 
 def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -172,10 +118,7 @@ class Slot:
 class RaySource:
     def __init__(self, sampler: RolloutSampler, model: torch.nn.Module, *, start_index: int, policy_version: int = 0,
                  max_staleness: int = 1, workers: int = 1, address: str | None = None) -> None:
-        if workers < 1 or workers > max_staleness + 1:
-            raise BebopError(f"--rollout-workers {workers} with --max-staleness {max_staleness}: at most "
-                             f"max_staleness + 1 = {max_staleness + 1} workers can sample batches that are fresh "
-                             f"enough; raise --max-staleness to {max(workers - 1, 0)} or use fewer workers")
+        check_worker_count(workers, max_staleness)
         self.ray = ray = require_ray()
         self.slots: list[Slot] = []
         self.owns_ray = connect(address, workers)

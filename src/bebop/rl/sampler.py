@@ -16,11 +16,10 @@ import torch
 
 from bebop.engine import generate
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.metrics import SpecMetrics
+from bebop.engine.metrics import SpecMetrics, merged
 from bebop.engine.records import FINISH_LENGTH
-from bebop.engine.speculative import AUTO
+from bebop.engine.speculative import AUTO, speculative_rollout_fn
 from bebop.engine.step_costs import step_costs
-from bebop.mtp_eval import merged, speculative_rollout_fn
 from bebop.policy import Policy
 from bebop.rl.config import RLConfig
 from bebop.rl.records import Rollout, RolloutBatch

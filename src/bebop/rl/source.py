@@ -1,22 +1,28 @@
-"""Where the trainer gets its next RolloutBatch: the sync source (generate now, same weights).
+"""What every rollout source shares: the interface the RL loop drives, and the pieces each
+implementation needs (the staleness rule, weight snapshots and their strict load).
 
-    source = SyncSource(sampler, model, start_index=0)
+    source = make_source(...)                      # loop.py: SyncSource, AsyncSource or RaySource
     fetched = source.next_batch(trainer_version)   # -> Fetched(batch, dropped, wait_s)
-    source.publish(model, version)                 # after each update (a no-op here)
+    source.publish(model, version)                 # after each update: trunk AND head
     source.suspend_drafting(True)                  # the drafter alarm: batches sampled from now on
     source.close()
 
-The async sources (async_loop.AsyncSource, ray_backend.RaySource) have the same verbs; the loop does not know which
-one it drives. `next_index` is the data position to checkpoint: the batch after the last consumed.
+`next_index` is the data position to checkpoint: the batch after the last one consumed.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-from bebop.rl.records import RolloutBatch
-from bebop.rl.sampler import RolloutSampler
+import torch
+
+from bebop.errors import BebopError
+from bebop.model.mtp import MTP_PREFIX
+
+if TYPE_CHECKING:
+    from bebop.model.qwen3 import CausalLM
+    from bebop.rl.records import RolloutBatch
 
 
 @dataclass
@@ -26,22 +32,30 @@ class Fetched:
     wait_s: float  # trainer seconds spent waiting
 
 
-class SyncSource:
-    def __init__(self, sampler: RolloutSampler, model, *, start_index: int, policy_version: int = 0,
-                 max_staleness: int = 0) -> None:
-        self.sampler, self.model, self.next_index = sampler, model, start_index
+class RolloutSource(Protocol):
+    next_index: int
 
-    def next_batch(self, trainer_version: int) -> Fetched:
-        t0 = time.perf_counter()
-        batch = self.sampler.collect(self.model, index=self.next_index, policy_version=trainer_version)
-        self.next_index += 1
-        return Fetched(batch, 0, time.perf_counter() - t0)
+    def next_batch(self, trainer_version: int) -> Fetched: ...
 
-    def publish(self, model, version: int) -> None:
-        """Rollouts use the trainer's own weights: nothing to sync."""
+    def publish(self, model: CausalLM, version: int) -> None: ...
 
-    def suspend_drafting(self, suspended: bool) -> None:
-        self.sampler.drafting_suspended = suspended
+    def suspend_drafting(self, suspended: bool) -> None: ...
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None: ...
+
+
+def is_fresh(batch_version: int, trainer_version: int, max_staleness: int) -> bool:
+    return trainer_version - batch_version <= max_staleness
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of the full state dict (trunk and mtp.*)."""
+    return {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+
+def sync_weights(engine: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load every tensor of `state` into the engine model; both must hold the same names (head included)."""
+    engine_has_head = any(k.startswith(MTP_PREFIX) for k in engine.state_dict())
+    if engine_has_head and not any(k.startswith(MTP_PREFIX) for k in state):
+        raise BebopError("weight sync carries no mtp.* tensors but the rollout engine drafts with a head")
+    engine.load_state_dict(state, strict=True)

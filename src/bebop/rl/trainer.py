@@ -32,7 +32,6 @@ from bebop.policy import Policy
 from bebop.rl.batch import TrainBatch, to_train_batch
 from bebop.rl.config import RLConfig
 from bebop.rl.grpo import GRPOLossInputs, GRPOLossOutput, grpo_loss, token_logprobs
-from bebop.rl.mtp_online import trunk_parameters
 from bebop.rl.records import RolloutBatch
 from bebop.sampling import SamplingParams
 
@@ -75,7 +74,7 @@ class PolicyTrainer:
                  policy_version: int = 0) -> None:
         """`reference`: the frozen starting policy, required when cfg.kl_coef > 0 (see frozen_reference)."""
         self.policy, self.cfg = policy, cfg
-        self.params = trunk_parameters(policy.model)
+        self.params = policy.model.trunk_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
         if cfg.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference model")

@@ -50,12 +50,6 @@ def _top_p_keep(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 NONFINITE_MESSAGE = "logits contain NaN or inf (a diverged or corrupt model?)"
 
 
-def check_finite(logits: torch.Tensor) -> None:
-    """Raise a clear error on NaN/inf logits (one host sync; call at public boundaries)."""
-    if not torch.isfinite(logits).all():
-        raise BebopError(NONFINITE_MESSAGE)
-
-
 def to_host(columns: list[torch.Tensor], *checked: torch.Tensor) -> list[list[float]]:
     """The decoding loops' single device->host transfer per step: the per-row columns (B, *)
     as float64 lists, with the finiteness of the `checked` tensors (B, ...) in the same transfer."""
@@ -98,8 +92,3 @@ def token_logprob(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """probs (..., V), tokens (...) -> log probs(token) (...); -inf where the token has mass 0."""
     picked = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return torch.log(picked)
-
-
-def validate_vocab(probs: torch.Tensor, vocab_size: int) -> None:
-    if probs.shape[-1] != vocab_size:
-        raise BebopError(f"vocab mismatch: distribution has {probs.shape[-1]} entries, expected {vocab_size}")

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
-from bebop.mtp_eval import evaluate_mtp
-from bebop.mtp_train import STATE_FILE as HEAD_STATE_FILE
-from bebop.mtp_train import MTPTrainConfig, train_mtp
+from bebop.mtp.evaluate import evaluate_mtp
+from bebop.mtp.train import STATE_FILE as HEAD_STATE_FILE
+from bebop.mtp.train import MTPTrainConfig, train_mtp
 from bebop.policy import load_policy
 from bebop.rl import RLConfig, train_rl
 from bebop.rl.loop import CONFIG_FILE as RL_CONFIG_FILE

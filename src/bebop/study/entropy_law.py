@@ -2,7 +2,7 @@
 
     fit = fit_line(entropies, accept_lengths)   # -> LinearFit(slope, intercept, r2, n)
 
-method.md section 5: mean acceptance length falls linearly as the target's entropy H rises. The
+docs/method.md section 5: mean acceptance length falls linearly as the target's entropy H rises. The
 paper's slopes (accept length per nat): about -1.68 for target-only drafting and for rejection
 sampling with a CE-trained head, about -0.06 for rejection sampling with a TV-trained head.
 Written as alpha = a - b*H in the paper; here `slope` is -b and `intercept` is a.

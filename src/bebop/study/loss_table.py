@@ -21,8 +21,8 @@ import torch
 
 from bebop.fileio import atomic_write_json, atomic_write_text
 from bebop.model.checkpoint import save_model
-from bebop.mtp_eval import evaluate_mtp
-from bebop.mtp_train import STATE_FILE, MTPTrainConfig, train_mtp
+from bebop.mtp.evaluate import evaluate_mtp
+from bebop.mtp.train import STATE_FILE, MTPTrainConfig, train_mtp
 from bebop.policy import load_policy
 from bebop.tasks import get_task
 
@@ -74,7 +74,8 @@ def run_loss_study(policy_dir: str | Path, out: str | Path, *, task: str, losses
                      "rs_per_position": by_mode["rs"]["acceptance_rate_per_position"],
                      "mean_entropy": by_mode["rs"]["mean_entropy"], "pass_rate": by_mode["rs"]["pass_rate"]})
     meta = {"task": task, "steps": steps, "depths": depths, "k": k, "temperature": temperature, "n_eval": n_eval,
-            "num_samples": num_samples, "seed": seed, "ce_warmup": ce_warmup, "command": " ".join(shlex.quote(a) for a in sys.argv)}
+            "num_samples": num_samples, "seed": seed, "ce_warmup": ce_warmup,
+            "command": " ".join(shlex.quote(a) for a in sys.argv)}
     atomic_write_json(out / "loss_table.json", {"meta": meta, "rows": rows})
     atomic_write_text(out / "loss_table.md", render_table(meta, rows))
     return rows

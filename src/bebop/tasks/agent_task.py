@@ -30,9 +30,17 @@ import json
 import random
 from dataclasses import dataclass
 
-from bebop.tasks.base import (DEFAULT_DIFFICULTY, MAX_COMPLETION_CHARS, Problem,
-                              check_difficulty, draw_split, final_answer, load_truth,
-                              long_tail_count, spaced)
+from bebop.tasks.base import (
+    DEFAULT_DIFFICULTY,
+    MAX_COMPLETION_CHARS,
+    Problem,
+    check_difficulty,
+    draw_split,
+    final_answer,
+    load_truth,
+    long_tail_count,
+    spaced,
+)
 from bebop.tasks.code_lang import CodeError, evaluate_expression
 
 CALL, END_CALL, OBS, END_OBS = "<call>", "</call>", "<obs>", "</obs>"

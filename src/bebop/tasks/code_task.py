@@ -24,9 +24,16 @@ from __future__ import annotations
 import json
 import random
 
-from bebop.tasks.base import (DEFAULT_DIFFICULTY, MAX_COMPLETION_CHARS, Problem,
-                              check_difficulty, draw_split, load_truth, long_tail_count,
-                              spaced)
+from bebop.tasks.base import (
+    DEFAULT_DIFFICULTY,
+    MAX_COMPLETION_CHARS,
+    Problem,
+    check_difficulty,
+    draw_split,
+    load_truth,
+    long_tail_count,
+    spaced,
+)
 from bebop.tasks.code_lang import CodeError, parse_program, run_program
 
 Op = tuple[str, int]  # ("add" | "sub" | "mul" | "sq", constant)

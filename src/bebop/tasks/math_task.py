@@ -35,8 +35,16 @@ import random
 import re
 from dataclasses import dataclass
 
-from bebop.tasks.base import (DEFAULT_DIFFICULTY, Problem, check_difficulty, draw_split,
-                              load_truth, long_tail_count, score_final_answer, spaced)
+from bebop.tasks.base import (
+    DEFAULT_DIFFICULTY,
+    Problem,
+    check_difficulty,
+    draw_split,
+    load_truth,
+    long_tail_count,
+    score_final_answer,
+    spaced,
+)
 from bebop.tasks.math_layouts import LAYOUTS, SHORT, Move
 
 NAMES = (("Ann", "She"), ("Bob", "He"), ("Cat", "She"), ("Dan", "He"), ("Eve", "She"),

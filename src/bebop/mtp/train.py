@@ -1,10 +1,10 @@
-"""Pre-RL training of the MTP draft head (method.md section 4).
+"""Pre-RL training of the MTP draft head (docs/method.md section 4).
 
     bebop mtp train --model DIR --loss e2e_tv [--depths 5] [--steps 300] [--out DIR2] [--resume]
 
 The trunk is frozen and detached: only `mtp.*` parameters train (the embedding and LM head the
 head shares with the trunk stay frozen too). Each step takes a batch of sequences, runs the
-trunk once without gradients, and trains the teacher-forced chain (bebop.mtp_chain) over
+trunk once without gradients, and trains the teacher-forced chain (bebop.mtp.chain) over
 `depths` depths against the trunk's own distributions at the training temperature: the target
 for depth d at chain t is the trunk's distribution at position t+d. Chains are kept only where
 they lie wholly inside a completion's policy tokens (never in the prompt, padding or an
@@ -27,8 +27,8 @@ from bebop.errors import BebopError
 from bebop.fileio import atomic_write_text
 from bebop.losses import DRAFT_LOSSES, DraftLossInputs, draft_loss
 from bebop.model.checkpoint import save_model
-from bebop.mtp_chain import chain_forward, shifted
-from bebop.mtp_data import Sequence, demonstration_data, selfdistill_data
+from bebop.mtp.chain import chain_forward, shifted
+from bebop.mtp.data import Sequence, demonstration_data, selfdistill_data
 from bebop.policy import Policy, load_policy
 from bebop.tasks import get_task
 from bebop.tokenizer import copy_tokenizer_files
@@ -114,11 +114,11 @@ def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig, loss: str
 
 def freeze_trunk(policy: Policy) -> list[torch.nn.Parameter]:
     """Only mtp.* trains; returns those parameters."""
-    params = []
-    for name, p in policy.model.named_parameters():
-        p.requires_grad_(name.startswith("mtp."))
-        if p.requires_grad:
-            params.append(p)
+    model = policy.model
+    model.requires_grad_(False)
+    params = model.head_parameters()
+    for p in params:
+        p.requires_grad_(True)
     return params
 
 

@@ -15,35 +15,13 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
-from bebop.engine.metrics import SpecMetrics
-from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.speculative import DEFAULT_MAX_K, check_spec, speculative_generate
+from bebop.engine.metrics import SpecMetrics, merged
+from bebop.engine.speculative import check_spec, speculative_rollout_fn
 from bebop.errors import BebopError
 from bebop.policy import Policy
 from bebop.rollout import run_episodes, summarize
 from bebop.sampling import SamplingParams
 from bebop.tasks import Task
-
-
-def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, max_k: int = DEFAULT_MAX_K,
-                           controller: AdaptiveK | None = None):
-    """An engine function for run_episodes that drafts with the MTP head and collects metrics
-    (k="auto": `controller` carries the acceptance estimate and costs across calls)."""
-
-    def run(model, prompts, **kwargs):
-        gens, metrics = speculative_generate(model, prompts, k=k, mode=mode, max_k=max_k, controller=controller,
-                                             **kwargs)
-        sink.append(metrics)
-        return gens
-
-    return run
-
-
-def merged(metrics: Sequence[SpecMetrics], k: int) -> SpecMetrics:
-    out = SpecMetrics(k)
-    for m in metrics:
-        out = out.merge(m)
-    return out
 
 
 def evaluate_mtp(policy: Policy, task: Task, *, k: int, temperatures: Sequence[float], modes: Sequence[str],

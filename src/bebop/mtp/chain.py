@@ -1,6 +1,6 @@
 """Teacher-forced MTP chains for training, with exactly the inference attention pattern.
 
-For every position t of a sequence and depth d = 1..D (method.md section 4):
+For every position t of a sequence and depth d = 1..D (docs/method.md section 4):
 
     input   hidden: h_t (trunk, pre-norm) for d = 1, else the depth d-1 output of chain t
             token:  x_{t+d} (the data token; teacher forcing)

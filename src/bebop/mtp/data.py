@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from bebop.encoding import encode_example, env_token_mask
 from bebop.errors import BebopError
 from bebop.jsonl import read_jsonl, write_jsonl
 from bebop.policy import Policy
 from bebop.rollout import run_episodes
 from bebop.sampling import SamplingParams
-from bebop.sft import encode_example, env_token_mask
 from bebop.tasks import Task
 
 
