@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bebop import __version__
 from bebop.commands.flags import add_device_args, add_sampling_args, add_spec_args
 from bebop.errors import BebopError
 
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bebop.tasks.cli import register as register_tasks
 
     parser = argparse.ArgumentParser(prog="bebop", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"bebop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_init(sub)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,16 +18,16 @@ from bebop.model.config import ModelConfig
 from bebop.tokenizer import build_char_tokenizer, codec_from_tokenizer, save_tokenizer
 
 
-def default_config(vocab_size: int, eos_id: int, pad_id: int, **overrides) -> ModelConfig:
+def default_config(vocab_size: int, eos_id: int | None, pad_id: int | None, **overrides) -> ModelConfig:
     """About 2.4M parameters: 12 layers, hidden 128, GQA 4 query / 2 KV heads, context 512.
 
     Deep and narrow on purpose: real MTP models put one MTP layer on 28-94 trunk layers, so a
     draft step is a few percent of a trunk step. Here the one MTP layer against 12 trunk layers
     keeps K=3 drafting near a third of a trunk forward (docs/benchmarks.md), where the earlier
     4-layer default made it cost about 0.9 of one and speculation could not pay."""
-    fields = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=12,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                  rope_theta=10000.0, tie_word_embeddings=True, eos_token_id=eos_id, pad_token_id=pad_id)
+    fields: dict[str, Any] = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=12,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                                  rope_theta=10000.0, tie_word_embeddings=True, eos_token_id=eos_id, pad_token_id=pad_id)
     fields.update(overrides)
     return ModelConfig(**fields)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bebop.errors import BebopError
 from bebop.tokenizer import TextCodec
 
 IGNORE = -100  # the label of a position that is not trained on (torch's cross-entropy ignore_index)
@@ -34,6 +35,8 @@ def encode_example(codec: TextCodec, prompt: str, completion: str,
 
     With `context`, both are cut to its first `context` tokens: a long-tail demonstration on a
     model with a small context (the embedded default's 512 holds every task's examples whole)."""
+    if codec.eos_id is None:
+        raise BebopError("the tokenizer has no end-of-sequence token: a completion cannot be ended")
     p_ids = codec.encode(prompt)
     c_ids = codec.encode(completion) + [codec.eos_id]
     env = env_token_mask(c_ids, codec)

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from bebop.embedded import init_model_dir
 from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
+from bebop.fields import opt
 from bebop.fileio import atomic_write_json
 from bebop.model.checkpoint import save_model
 from bebop.policy import Policy, load_policy
@@ -46,17 +47,17 @@ MICRO_BATCH = 4  # sequences per forward pass; a step accumulates batch_size / M
 
 @dataclass(frozen=True)
 class SFTConfig:
-    task: str = "math"
-    steps: int = 600
-    batch_size: int = 32
-    lr: float = 3e-3
-    warmup: int = 30
-    weight_decay: float = 0.01
-    seed: int = 0
-    difficulty: int = 1
-    pool: int = 20000  # train problems drawn once; demonstrations are redrawn every step
-    save_every: int = 100
-    model_overrides: tuple = ()  # (("hidden_size", 64), ...) for tiny test models
+    task: str = opt("math", "math, code, agent or mix")
+    steps: int = opt(600, "optimizer steps (the command's default is per task: DEFAULT_STEPS)")
+    batch_size: int = opt(32, "sequences per step")
+    lr: float = opt(3e-3, "peak learning rate (linear warm-up, cosine decay)")
+    warmup: int = opt(30, "warm-up steps")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    seed: int = opt(0, "seeds the model initialisation and the data order")
+    difficulty: int = opt(1, "task difficulty 1 (easiest) .. 3")
+    pool: int = opt(20000, "train problems drawn once; demonstrations are redrawn every step")
+    save_every: int = opt(100, "steps between resumable saves")
+    model_overrides: tuple = ()  # (("hidden_size", 64), ...) for tiny test models (no flag)
 
 
 def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models
@@ -100,7 +101,7 @@ def copy_tokenizer_files(source_dir: str | os.PathLike, model_dir: str | os.Path
     for name in TOKENIZER_FILES:
         src = Path(source_dir) / name
         if src.is_file():
-            atomic_write(Path(model_dir) / name, lambda tmp, src=src: shutil.copyfile(src, tmp))
+            atomic_write(Path(model_dir) / name, partial(shutil.copyfile, src))  # (tmp) -> copyfile(src, tmp)
 
 
 def save_tokenizer(tok: Tokenizer, model_dir: str | os.PathLike) -> None:

@@ -64,6 +64,7 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
         controller = AdaptiveK(args.max_k, costs)  # one per command: acceptance carries across batches
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
     rows, elapsed = [], 0.0
+    generated: list[list[int]] = []  # each row's new token ids
     batches = range(0, len(prompts), args.batch_size)
     for start in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
         texts = prompts[start:start + args.batch_size]
@@ -82,9 +83,10 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
             spec = spec.merge(batch_metrics)
         elapsed += time.perf_counter() - t0
         for text, gen in zip(texts, gens):
+            generated.append(gen.token_ids)
             rows.append({"prompt": text, "completion": policy.codec.decode(gen.completion_ids), "token_ids": gen.token_ids,
                          "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
-    tokens = sum(len(r["token_ids"]) for r in rows)
+    tokens = sum(len(gen_ids) for gen_ids in generated)
     metrics = {"elapsed_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else 0.0}
     return rows, {**metrics, **(spec.to_dict() if spec else {})}
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from bebop.commands.config_flags import add_config_flags, config_values
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
 from bebop.policy import load_policy
@@ -66,22 +67,9 @@ def run_study(args: argparse.Namespace) -> None:
 def _add_train(mtp_sub) -> None:
     from bebop.mtp.train import MTPTrainConfig
 
-    d = MTPTrainConfig()
     p = mtp_sub.add_parser("train", help="train the MTP head on the policy's own samples (trunk frozen)")
     p.add_argument("--model", required=True)
-    p.add_argument("--loss", default=d.loss, help="ce, kl, rkl, tv or e2e_tv")
-    p.add_argument("--depths", type=int, default=d.depths)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--temperature", type=float, default=d.temperature, help="sampling and target temperature")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--task", default=d.task, help="task whose train prompts feed self-distillation")
-    p.add_argument("--num-samples", type=int, default=d.num_samples, help="self-distillation samples")
-    p.add_argument("--num-demos", type=int, default=d.num_demos, help="task demonstrations mixed in")
-    p.add_argument("--save-every", type=int, default=d.save_every)
-    p.add_argument("--ce-warmup-steps", type=int, default=d.ce_warmup_steps,
-                   help="train with ce for the first N steps, then with --loss")
+    add_config_flags(p, MTPTrainConfig)
     p.add_argument("--out", help="write the trained model here (default: into --model)")
     p.add_argument("--resume", action="store_true")
     p.set_defaults(func=run_train)
@@ -90,10 +78,7 @@ def _add_train(mtp_sub) -> None:
 def run_train(args: argparse.Namespace) -> None:
     from bebop.mtp.train import MTPTrainConfig, train_mtp
 
-    cfg = MTPTrainConfig(loss=args.loss, depths=args.depths, steps=args.steps, lr=args.lr,
-                         batch_size=args.batch_size, temperature=args.temperature, seed=args.seed, task=args.task,
-                         num_samples=args.num_samples, num_demos=args.num_demos, save_every=args.save_every,
-                         ce_warmup_steps=args.ce_warmup_steps)
+    cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
     print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume)))
 
 
@@ -139,5 +124,5 @@ def run_init(args: argparse.Namespace) -> None:
         shutil.copytree(src, dst)
     policy.model.attach_mtp(args.num_layers, torch.Generator().manual_seed(args.seed))
     save_model(policy.model, dst)
-    n = sum(p.numel() for p in policy.model.mtp.parameters())
+    n = sum(int(p.numel()) for p in policy.model.head_parameters())
     print(f"added an MTP head ({args.num_layers} layer(s), {n / 1e6:.2f}M parameters) to {dst}")

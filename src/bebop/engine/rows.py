@@ -56,6 +56,7 @@ class RowBook:
 
     def _observe(self, b: int) -> None:
         row = self.rows[b]
+        assert self.observer is not None  # interrupt_ids is empty without an observer
         observation = self.observer(b, list(row.token_ids)) or []
         room = self.max_new_tokens - len(row.token_ids)
         for tok in observation[:room]:

@@ -91,7 +91,8 @@ def _draft(model: CausalLM, mtp_cache, ref_hidden: torch.Tensor, ref_tokens: tor
     out = mtp(ref_hidden, model.embed(ref_tokens), 1, mtp_cache, ref_count)  # (R, W, H)
     hidden = out[torch.arange(batch), (ref_count - 1).clamp_min(0)]  # (R, H)
     ones = torch.ones(batch, dtype=torch.long, device=hidden.device)
-    tokens, probs = [], []
+    tokens: list[torch.Tensor] = []  # (R,) per depth
+    probs: list[torch.Tensor] = []  # (R, V) per depth
     for depth in range(1, k + 1):
         if depth > 1:
             hidden = mtp(hidden[:, None], model.embed(tokens[-1])[:, None], depth, mtp_cache, ones)[:, 0]  # (R, H)
@@ -123,7 +124,7 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     check_prompts(prompts, model.config.max_position_embeddings, model.config.vocab_size)
     if k == AUTO and controller is None:
         controller = AdaptiveK(max_k, step_costs(model, max_rows=len(prompts), max_k=max_k))
-    run = _Run(model, prompts, k=max_k if k == AUTO else k, mode=mode, max_new_tokens=max_new_tokens,
+    run = _Run(model, prompts, k=max_k if isinstance(k, str) else k, mode=mode, max_new_tokens=max_new_tokens,
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
                controller=controller if k == AUTO else None)

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -88,7 +89,7 @@ def write_state_dict(state: dict[str, torch.Tensor], model_dir: str | os.PathLik
         return
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for name, shard in zip(names, shards):
-        atomic_write(model_dir / name, lambda tmp, shard=shard: save_file(shard, tmp, metadata={"format": "pt"}))
+        atomic_write(model_dir / name, partial(save_file, shard, metadata={"format": "pt"}))  # (tmp) -> save_file(shard, tmp)
     weight_map = {tensor: name for name, shard in zip(names, shards) for tensor in shard}
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     atomic_write_json(model_dir / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
@@ -152,7 +153,9 @@ def from_hf_state(state: dict[str, torch.Tensor], fused_names: list[str], cfg: M
     out = dict(state)
     table = _fused_parts(cfg)
     for name in fused_names:
-        prefix, fused, suffix = _split_name(name)
+        split = _split_name(name)
+        assert split is not None  # fused_names are the names _split_name splits
+        prefix, fused, suffix = split
         out[name] = torch.cat([out.pop(prefix + part + suffix) for part, _ in table[fused]], dim=0)
     return out
 

@@ -76,6 +76,7 @@ class MTPHead(nn.Module):
             outs = [layer(x, ctx) for layer in self.layers]
             out = outs[0]
         else:
+            assert ctx.mask is not None  # a cache always gives a mask
             ctx.mask = self._hide_other_layers(ctx.mask, positions, depth)
             out = self.layers[(depth - 1) % self.num_layers](x, ctx)
         cache.advance(num_new, x.shape[1])

@@ -61,7 +61,7 @@ class CausalLM(nn.Module):
                     module.weight.fill_(1.0 - module.offset)
                 elif isinstance(module, (nn.Linear, nn.Embedding)):
                     module.weight.normal_(0.0, std, generator=generator)
-                    if getattr(module, "bias", None) is not None:
+                    if isinstance(module, nn.Linear) and module.bias is not None:  # nn.Embedding has no bias
                         module.bias.zero_()
 
     def attach_mtp(self, num_layers: int = 1, generator: torch.Generator | None = None) -> None:

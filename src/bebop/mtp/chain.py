@@ -16,6 +16,7 @@ is evaluated in inference on the very function it was trained on.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
@@ -69,6 +70,7 @@ def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.
     b, t, _ = hidden.shape
     theta = head.config.rope_theta
     num_layers = head.num_layers
+    layers = cast(list[DecoderLayer], list(head.layers))  # nn.ModuleList types its items as Module
     memory: list[tuple[torch.Tensor, torch.Tensor]] = []
     own: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(num_layers)]
     outputs = []
@@ -76,12 +78,12 @@ def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.
     for depth, embeds in enumerate(token_embeds, start=1):
         x = head.combine(x_in, embeds)  # (B, T, H)
         if depth == 1:
-            results = [_layer_step(layer, x, 0, theta, None, []) for layer in head.layers]
+            results = [_layer_step(layer, x, 0, theta, None, []) for layer in layers]
             memory = [kv for _, kv in results]
             out = results[0][0]
         else:
             li = (depth - 1) % num_layers
-            out, kv = _layer_step(head.layers[li], x, depth - 1, theta, memory[li], own[li])
+            out, kv = _layer_step(layers[li], x, depth - 1, theta, memory[li], own[li])
             own[li].append(kv)
         outputs.append(out)
         x_in = out

@@ -15,6 +15,7 @@ import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -74,6 +75,7 @@ def selfdistill_data(policy: Policy, task: Task, *, n: int, temperature: float, 
                                 max_new_tokens=max_new_tokens, generator=generator, batch_size=batch_size,
                                 on_batch=bar.update)
     fp = tokenizer_fingerprint(policy)
+    rows: list[dict[str, Any]]  # JSON rows: prompt_ids, completion_ids, env_mask, tokenizer
     rows = [{"prompt_ids": policy.codec.encode(ep.problem.prompt), "completion_ids": ep.generation.token_ids,
              "env_mask": [not m for m in ep.generation.policy_mask], "tokenizer": fp} for ep in episodes]
     write_jsonl(path, rows)

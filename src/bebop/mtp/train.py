@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from bebop.errors import BebopError
+from bebop.fields import opt
 from bebop.fileio import atomic_write_text
 from bebop.losses import DRAFT_LOSSES, DraftLossInputs, draft_loss
 from bebop.model.checkpoint import save_model
@@ -41,20 +42,21 @@ METRICS_FILE = "mtp_metrics.jsonl"
 
 @dataclass(frozen=True)
 class MTPTrainConfig:
-    loss: str = "e2e_tv"
-    depths: int = 5
-    steps: int = 300
-    lr: float = 2e-3
-    batch_size: int = 16
-    temperature: float = 1.0
-    seed: int = 0
-    task: str = "math"
-    num_samples: int = 512  # self-distillation samples from the policy
-    num_demos: int = 0  # task demonstrations mixed in
-    max_new_tokens: int = 192
-    grad_clip: float = 1.0
-    save_every: int = 100
-    ce_warmup_steps: int = 0  # train with ce first: the TV gradient vanishes where the draft gives ~0 mass
+    loss: str = opt("e2e_tv", "the draft loss", choices=tuple(DRAFT_LOSSES))
+    depths: int = opt(5, "chain depths trained (the paper: 5, drafting K = 3)")
+    steps: int = opt(300, "optimizer steps")
+    lr: float = opt(2e-3, "head learning rate (AdamW)")
+    batch_size: int = opt(16, "sequences per step")
+    temperature: float = opt(1.0, "sampling and target temperature")
+    seed: int = opt(0, "seeds the data and the order")
+    task: str = opt("math", "task whose train prompts feed self-distillation")
+    num_samples: int = opt(512, "self-distillation samples from the policy")
+    num_demos: int = opt(0, "task demonstrations mixed in")
+    max_new_tokens: int = opt(192, "per self-distillation sample")
+    grad_clip: float = opt(1.0, "gradient-norm clip")
+    save_every: int = opt(100, "steps between resumable saves")
+    ce_warmup_steps: int = opt(0, "train with ce for the first N steps, then with --loss (the TV gradient "
+                                  "vanishes where the draft gives ~0 mass)")
 
     def validate(self) -> None:
         if self.loss not in DRAFT_LOSSES:

@@ -15,11 +15,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_text
 from bebop.model.checkpoint import save_model
+from bebop.model.qwen3 import CausalLM
 from bebop.tokenizer import copy_tokenizer_files
 from bebop.train_state import load_train_state, save_train_state
 
@@ -39,13 +38,13 @@ class Checkpoint:
         return self.path / MODEL_DIR
 
 
-def write_model_dir(model: torch.nn.Module, source_dir: Path, model_dir: Path) -> None:
+def write_model_dir(model: CausalLM, source_dir: Path, model_dir: Path) -> None:
     """A loadable model directory: weights (trunk + mtp.*), config, the source's tokenizer files."""
     save_model(model, model_dir)
     copy_tokenizer_files(source_dir, model_dir)
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, source_dir: str | Path,
+def save_checkpoint(run_dir: str | Path, step: int, model: CausalLM, source_dir: str | Path,
                     state: dict) -> Path:
     run_dir = Path(run_dir)
     tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=".ckpt-tmp-"))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bebop.engine.speculative import AUTO, check_spec_flags
+from bebop.engine.speculative import check_spec_flags, parse_k
 from bebop.errors import BebopError
+from bebop.fields import opt
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
 
@@ -18,37 +19,42 @@ BACKENDS = ("local", "ray")
 
 @dataclass(frozen=True)
 class RLConfig:
-    model: str = ""  # the starting policy directory (also the KL reference)
-    task: str = "math"
-    steps: int = 50
-    mode: str = "sync"
-    spec: str = "off"
-    k: int | str = 3  # drafts per step, or "auto" (adaptive, up to max_k)
-    max_k: int = 6
-    mtp_update: str = "none"
-    group_size: int = 4
-    batch_prompts: int = 8
-    max_new_tokens: int = 384  # room for the long tail: the longest math demonstrations are ~340 tokens
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off; the trainer's log-probs use the same warping (grpo.token_logprobs)
-    top_p: float = 1.0  # 1.0 = off
-    lr: float = 3e-5
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    clip_eps: float = 0.2
-    ppo_epochs: int = 1  # passes over each batch; > 1 (or mini_batches > 1) lets the clip act
-    mini_batches: int = 1  # optimizer steps per pass, each on a random share of the batch's rollouts
-    kl_coef: float = 0.0  # 0 = off: no reference copy is kept
-    is_cap: float = 2.0  # truncation of the importance weights
-    max_staleness: int = 1  # async: rollouts more than this many versions old are dropped
-    mtp_lr: float = 1e-4
-    mtp_grad_clip: float = 1.0
-    seed: int = 0
-    difficulty: int = 1
-    save_every: int = 10
-    batch_size: int = 64  # engine rows per generate call
-    rollout_threads: int = 0  # async: torch threads of the rollout worker (0 = torch's default)
-    train_threads: int = 0  # async: torch threads of the trainer (0 = torch's default)
+    model: str = opt("", "the starting policy directory, with an MTP head for --spec (also the KL reference)")
+    task: str = opt("math", "math, code, agent or mix")
+    steps: int = opt(50, "policy updates (GRPO steps)")
+    mode: str = opt("sync", "sync, or async: the next batch is sampled while this one trains "
+                    "(default with --backend ray: async)", choices=MODES)
+    spec: str = opt("off", "speculative rollouts with the model's MTP head: target-only or rejection sampling",
+                    choices=SPEC_CHOICES)
+    k: int | str = opt(3, "drafts per step (1..8), or 'auto': each step verifies the number that maximises "
+                       "expected tokens per second", parse=parse_k)
+    max_k: int = opt(6, "with --k auto: the most drafts a step may verify (1..8)")
+    mtp_update: str = opt("none", "online MTP strategy during RL (none keeps the pre-RL head frozen)",
+                          choices=MTP_UPDATES)
+    group_size: int = opt(4, "G: samples per prompt (>= 2)")
+    batch_prompts: int = opt(8, "prompts per step")
+    max_new_tokens: int = opt(384, "per response (room for the long tail: the longest math demonstrations "
+                                   "are about 340 tokens)")
+    temperature: float = opt(1.0, "sampling temperature (> 0)")
+    top_k: int = opt(0, "0 = off; the trainer's log-probs use the same warping")
+    top_p: float = opt(1.0, "1.0 = off; the trainer's log-probs use the same warping")
+    lr: float = opt(3e-5, "policy learning rate (AdamW)")
+    weight_decay: float = opt(0.0, "policy AdamW weight decay")
+    grad_clip: float = opt(1.0, "policy gradient-norm clip")
+    clip_eps: float = opt(0.2, "PPO clip of the ratio to the log-probs at the start of the update")
+    ppo_epochs: int = opt(1, "passes over each batch (> 1, or --mini-batches > 1, lets --clip-eps act)")
+    mini_batches: int = opt(1, "optimizer steps per pass, each on a random share of the batch's rollouts")
+    kl_coef: float = opt(0.0, "k3 KL to the starting policy (0 = off: no reference copy is kept)")
+    is_cap: float = opt(2.0, "truncation of the importance weights against the sampler's log-probs")
+    max_staleness: int = opt(1, "async: the most policy versions a batch may lag (0 = on-policy lock-step)")
+    mtp_lr: float = opt(1e-4, "online MTP learning rate")
+    mtp_grad_clip: float = opt(1.0, "online MTP gradient-norm clip")
+    seed: int = opt(0, "seeds the prompt stream, sampling and mini-batch order")
+    difficulty: int = opt(1, "task difficulty 1 (easiest) .. 3")
+    save_every: int = opt(10, "steps between resumable checkpoints")
+    batch_size: int = opt(64, "engine rows per generate call")
+    rollout_threads: int = opt(0, "async: torch threads of the rollout worker (0 = torch's default)")
+    train_threads: int = opt(0, "async: torch threads of the trainer (0 = torch's default)")
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -81,7 +87,7 @@ class RLConfig:
     @property
     def draft_depths(self) -> int:
         """The deepest draft a step may verify (K, or --max-k with --k auto): also the online MTP depths."""
-        return self.max_k if self.k == AUTO else self.k
+        return self.max_k if isinstance(self.k, str) else self.k
 
     @property
     def sampling(self) -> SamplingParams:

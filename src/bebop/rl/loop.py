@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,7 +49,8 @@ from bebop.train_state import check_same_config, rng_state, set_rng_state
 
 CONFIG_FILE = "config.json"
 FINAL_MODEL = "model"
-SOURCES = {("local", "sync"): SyncSource, ("local", "async"): AsyncSource, ("ray", "async"): RaySource}
+SOURCES: dict[tuple[str, str], Callable[..., RolloutSource]] = {
+    ("local", "sync"): SyncSource, ("local", "async"): AsyncSource, ("ray", "async"): RaySource}
 
 
 def _prepare(out: Path, cfg: RLConfig, resume: bool) -> Checkpoint | None:

@@ -16,6 +16,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_text
@@ -74,7 +75,14 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def length_percentiles(lengths: Sequence[int]) -> dict[str, float | int]:
+class LengthPercentiles(TypedDict):
+    response_len_p50: float
+    response_len_p90: float
+    response_len_max: int
+    response_len_mean: float
+
+
+def length_percentiles(lengths: Sequence[int]) -> LengthPercentiles:
     """The batch's response_len_p50 / _p90 / _max / _mean from per-response lengths (zeros when empty)."""
     if not lengths:
         return {"response_len_p50": 0.0, "response_len_p90": 0.0, "response_len_max": 0, "response_len_mean": 0.0}

@@ -51,6 +51,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -110,7 +111,7 @@ class RolloutWorker:
 class Slot:
     """The driver's view of one worker: the actor, the version it holds, whether it has an index."""
 
-    actor: object
+    actor: Any  # a Ray ActorHandle: its methods (pid, collect) are made at run time
     version: int
     busy: bool = False
 

@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
@@ -118,8 +119,8 @@ class DemoConfig:
             raise BebopError(f"need 0 <= rl_warmup_steps < rl_steps, got {self.rl_warmup_steps} and {self.rl_steps}")
         for cfg in self.head_configs().values():
             cfg.validate()
-        for cfg in self.rl_configs(Path(".")).values():
-            cfg.validate()
+        for rl_cfg in self.rl_configs(Path(".")).values():
+            rl_cfg.validate()
 
     def sft_config(self) -> SFTConfig:
         return SFTConfig(task=self.task, steps=self.policy_steps, batch_size=self.policy_batch_size,
@@ -151,8 +152,9 @@ class DemoConfig:
         unknown = set(data) - known
         if unknown:
             raise BebopError(f"unknown demo config fields: {', '.join(sorted(unknown))}")
-        return cls(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-                      for k, v in data.items()})
+        values: dict[str, Any] = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+                                  for k, v in data.items()}  # lists (JSON) -> tuples, as the fields hold them
+        return cls(**values)
 
 
 def say(message: str) -> None:

@@ -381,7 +381,8 @@ def write_plots(res: DemoResults, plots: Path) -> list[Path]:
                                       "Mean acceptance length against target entropy"))
     runs = {n: r for n, r in res.rl.items() if r.rows}
     if runs:
-        times = {n: step_times(r, res.warmup) for n, r in runs.items()}
+        maybe_times = {n: step_times(r, res.warmup) for n, r in runs.items()}
+        times = {n: st for n, st in maybe_times.items() if st is not None}  # all of them: every run has rows
         names = list(times)
         out.append(P.plot_step_time(names, [times[n].rollout_s for n in names], [times[n].train_s for n in names],
                                     [times[n].step_s for n in names], plots / "rl_step_time.png",

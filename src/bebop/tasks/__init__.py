@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from bebop.errors import BebopError
 from bebop.tasks.agent_task import AgentTask
 from bebop.tasks.base import DEFAULT_DIFFICULTY, Problem, Task
@@ -17,7 +19,7 @@ from bebop.tasks.mix import MixTask
 
 TASK_NAMES: tuple[str, ...] = ("math", "code", "agent", "mix")
 MIX_PARTS = ("math", "code", "agent")
-_GENERATED = {"math": MathTask, "code": CodeTask, "agent": AgentTask}
+_GENERATED: dict[str, Callable[[int], Task]] = {"math": MathTask, "code": CodeTask, "agent": AgentTask}
 
 
 def get_task(name: str, difficulty: int = DEFAULT_DIFFICULTY) -> Task:

@@ -86,7 +86,7 @@ def _draw_question(rng: random.Random, db: dict[str, list[int]], difficulty: int
     kind = rng.choice(KINDS)
     if kind in ("worth", "left"):
         item = rng.choice(sorted(db))
-        qtys = (rng.randint(1, db[item][1]),) if kind == "left" else ()
+        qtys: tuple[int, ...] = (rng.randint(1, db[item][1]),) if kind == "left" else ()
         return Question(kind, (item,), qtys)
     lo = max(level.min_items, 2) if kind == "stock" else level.min_items  # one stock: no sum
     items = tuple(rng.sample(sorted(db), long_tail_count(rng, lo, level.max_items, level.ratio)))

@@ -57,6 +57,7 @@ def tokenize(source: str) -> list[Tok]:
         if not match:
             raise CodeError(f"line {line}: unexpected character {source[pos]!r}")
         kind = match.lastgroup
+        assert kind is not None  # every alternative of _TOKEN is a named group
         if kind != "space":
             toks.append(Tok(kind, match.group(), line))
         line += match.group() == "\n"

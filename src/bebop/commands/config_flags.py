@@ -1,0 +1,105 @@
+"""Command-line flags generated from a config dataclass, so that no flag is retyped by hand and no
+field is out of reach.
+
+    add_config_flags(parser, RLConfig, required=("model", "task", "steps"))
+    values = config_values(RLConfig, args)     # fields set by --config FILE, then by flags
+    cfg = RLConfig(**values)
+
+Every int / float / str field (or one with a `parse` function in its metadata) becomes
+`--field-name`, with the help text and choices of its metadata (see bebop.fields.opt) and
+its default shown in --help. `--config FILE` (TOML or JSON, keys = field names with - or _) sets
+fields; a flag given on the command line overrides the file; what neither sets keeps the
+dataclass default. A field in `required` must come from one of the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+from bebop.errors import BebopError
+
+SIMPLE_TYPES = {int: int, float: float, str: str}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _parser_of(field: dataclasses.Field, hint: Any):
+    """The function that turns a flag's text into the field's value, or None (no flag)."""
+    parse = field.metadata.get("parse")
+    return _as_argument_type(parse) if parse else SIMPLE_TYPES.get(hint)
+
+
+def _as_argument_type(parse):
+    """argparse reports a type function's ArgumentTypeError as a usage error (exit 2), not a BebopError."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except BebopError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def flag_fields(cls) -> list[tuple[dataclasses.Field, Any]]:
+    """(field, parse function) for every field of `cls` that has a flag."""
+    hints = typing.get_type_hints(cls)
+    pairs = [(f, _parser_of(f, hints[f.name])) for f in dataclasses.fields(cls)]
+    return [(f, parse) for f, parse in pairs if parse is not None]
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls, *, required: tuple[str, ...] = ()) -> None:
+    defaults = cls()
+    for field, parse in flag_fields(cls):
+        help_text = field.metadata.get("help", "")
+        shown = "required" if field.name in required else f"default: {getattr(defaults, field.name)!r}"
+        parser.add_argument(_flag(field.name), type=parse, default=argparse.SUPPRESS,
+                            choices=field.metadata.get("choices"),
+                            help=f"{help_text} ({shown})".replace("%", "%%").lstrip())
+    parser.add_argument("--config", type=Path, default=None,
+                        help="a TOML or JSON file of these settings (keys = flag names); flags override it")
+    parser.set_defaults(_config_class=cls, _required=required)
+
+
+def read_config_file(path: Path, cls) -> dict[str, Any]:
+    """The settings in a TOML / JSON file, keys normalised to field names and checked against `cls`."""
+    if not path.is_file():
+        raise BebopError(f"--config {path}: no such file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else _toml(text)
+    except ValueError as exc:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
+        raise BebopError(f"--config {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise BebopError(f"--config {path} must hold a table of settings, got {type(raw).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {key.replace("-", "_"): value for key, value in raw.items()}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise BebopError(f"--config {path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    return values
+
+
+def _toml(text: str) -> dict:
+    try:
+        import tomllib  # Python >= 3.11
+    except ImportError:
+        raise BebopError("a TOML --config needs Python 3.11 or later; use a .json file") from None
+    return tomllib.loads(text)
+
+
+def config_values(cls, args: argparse.Namespace) -> dict[str, Any]:
+    """The fields set by --config and by flags (flags win); the required ones checked."""
+    values = read_config_file(args.config, cls) if args.config is not None else {}
+    values.update({f.name: getattr(args, f.name) for f, _ in flag_fields(cls) if hasattr(args, f.name)})
+    missing = [name for name in args._required if name not in values]
+    if missing:
+        raise BebopError(f"{', '.join(_flag(m) for m in missing)} required (as a flag or in --config)")
+    return values
