@@ -17,8 +17,7 @@ from bebop.errors import BebopError
 from bebop.sampling import SamplingParams, rejection_sample, sample, target_only_sample, warp_probs
 from bebop.sampling.acceptance import _rejection_sample_from, _target_only_sample_from
 
-ALPHA = 1e-6  # per chi-square check
-
+from stats_helpers import ALPHA, grouped_chi2_pvalue
 
 # ---------------------------------------------------------------------------------------------
 # Reference: one row at a time, one depth at a time, written to be read.
@@ -75,45 +74,6 @@ def _draws(batch, k, vocab, seed):
     uniforms = torch.rand((batch, k), dtype=torch.float64, generator=g)
     noise = torch.empty((batch, k + 1, vocab), dtype=torch.float32).exponential_(generator=g)
     return uniforms, noise
-
-
-# ---------------------------------------------------------------------------------------------
-# Chi-square goodness of fit (no scipy in the venv: survival function via gammaincc).
-# ---------------------------------------------------------------------------------------------
-
-
-def _chi2_sf(stat: float, dof: int) -> float:
-    half = torch.tensor(dof / 2.0, dtype=torch.float64)
-    return float(torch.special.gammaincc(half, torch.tensor(stat / 2.0, dtype=torch.float64)))
-
-
-def grouped_chi2_pvalue(groups) -> float:
-    """groups: [(counts (V,) int64, probs (V,))]. H0: in every group, counts ~ Multinomial(n, probs).
-
-    One test over all groups (statistics and degrees of freedom add). Bins with expected count < 5
-    are pooled. A token with probability exactly 0 that was emitted fails outright.
-    """
-    stat, dof = 0.0, 0
-    for counts, probs in groups:
-        probs = probs.double()
-        counts = counts.double()
-        assert counts[probs == 0].sum() == 0, f"emitted a token with target probability 0: {counts} vs {probs}"
-        support = probs > 0
-        obs = counts[support]
-        exp = counts.sum() * probs[support] / probs[support].sum()
-        small = exp < 5
-        if small.any():
-            obs = torch.cat([obs[~small], obs[small].sum().reshape(1)])
-            exp = torch.cat([exp[~small], exp[small].sum().reshape(1)])
-            if exp[-1] < 5 and len(exp) > 1:  # pooled bin still too small: merge into the smallest bin
-                j = int(exp[:-1].argmin())
-                obs[j] += obs[-1]
-                exp[j] += exp[-1]
-                obs, exp = obs[:-1], exp[:-1]
-        if len(exp) > 1:
-            stat += float(((obs - exp) ** 2 / exp).sum())
-            dof += len(exp) - 1
-    return _chi2_sf(stat, dof) if dof else 1.0
 
 
 def chain_pvalues(tokens, num_accepted, target_rows):

@@ -11,7 +11,7 @@ from bebop.engine.step_costs import MAX_JUMP, StepCosts, profile, step_costs
 from bebop.errors import BebopError
 from bebop.sampling import SamplingParams
 
-from test_speculative import PROMPTS, _ids
+from spec_helpers import PROMPTS, ids_of
 
 
 def _costs(per_token: float, fixed: float, mtp: float = 0.0, max_k: int = 6) -> StepCosts:
@@ -113,7 +113,7 @@ def test_a_prefill_step_is_not_measured(spec_model):
             super().observe(rows, k, seconds, accepted)
 
     policy = Recorder(2, _costs(per_token=0.0, fixed=1.0, mtp=0.0, max_k=2))
-    gens, _ = spec.speculative_generate(spec_model, _ids(["hello"]), k="auto", max_k=2, mode="rs",
+    gens, _ = spec.speculative_generate(spec_model, ids_of(["hello"]), k="auto", max_k=2, mode="rs",
                                         max_new_tokens=5, controller=policy)
     steps = sum(sum(c.values()) for c in _.k_histogram.values())
     # every step but the prompt's prefill and the first drafting step (its refresh covers the prompt)
@@ -130,7 +130,7 @@ def test_profile_times_every_shape(spec_model):
 
 @pytest.mark.parametrize("mode", ["rs", "to"])
 def test_auto_equals_greedy_at_temperature_zero(spec_model, mode):
-    prompts = _ids(PROMPTS)
+    prompts = ids_of(PROMPTS)
     ref = generate(spec_model, prompts, max_new_tokens=25, sampling=SamplingParams(0.0))
     gens, metrics = spec.speculative_generate(spec_model, prompts, k="auto", max_k=4, mode=mode, max_new_tokens=25,
                                               sampling=SamplingParams(0.0))
@@ -142,4 +142,4 @@ def test_auto_equals_greedy_at_temperature_zero(spec_model, mode):
                                             (0, 6, "K")])
 def test_bad_adaptive_settings(spec_model, k, max_k, needle):
     with pytest.raises(BebopError, match=needle):
-        spec.speculative_generate(spec_model, _ids(["a"]), k=k, max_k=max_k, mode="rs", max_new_tokens=3)
+        spec.speculative_generate(spec_model, ids_of(["a"]), k=k, max_k=max_k, mode="rs", max_new_tokens=3)

@@ -8,6 +8,7 @@ from bebop.cli import main
 from bebop.engine import generate
 from bebop.model import load_model
 from bebop.sampling import SamplingParams, warp_probs
+
 from conftest import CHAR_CODEC
 
 PROMPTS = ["Q: 12 + 7 = ?", "hello world", "a", "The price of 3 apples is"]

@@ -12,9 +12,10 @@ from bebop.engine import speculative as spec
 from bebop.engine.generate import COMPACT_EVERY
 from bebop.engine.refresh_log import RefreshLog
 from bebop.sampling import SamplingParams, warp_probs
-from conftest import CHAR_CODEC
 
-from test_speculative import PROMPTS, _assert_follows, _ids, _mixture_drafter, _oracle_drafter
+from conftest import CHAR_CODEC
+from spec_helpers import PROMPTS, ids_of, mixture_drafter, oracle_drafter
+from stats_helpers import assert_follows
 
 EOS_ = CHAR_CODEC.eos_id
 
@@ -40,7 +41,7 @@ def _batch_sizes(model):
 
 
 def test_plain_rows_leave_the_forward_when_they_stop(spec_model):
-    prompts = _ids(PROMPTS)
+    prompts = ids_of(PROMPTS)
     free = generate(spec_model, prompts, max_new_tokens=30, sampling=SamplingParams(0.0))
     stop = free[2].token_ids[4]  # row 2 stops early; others may too
     ref = [generate(spec_model, [p], max_new_tokens=30, sampling=SamplingParams(0.0), stop_ids=[stop])[0]
@@ -61,11 +62,11 @@ def test_plain_rows_leave_the_forward_when_they_stop(spec_model):
 def test_adaptive_schedules_keep_greedy_output(spec_model, monkeypatch, mode, schedule):
     """Any schedule of k, with plain steps in between (the MTP head then catches up over the
     skipped span in one refresh), and rows finishing at different steps: output is plain greedy."""
-    prompts = _ids(PROMPTS)
+    prompts = ids_of(PROMPTS)
     free = generate(spec_model, prompts, max_new_tokens=33, sampling=SamplingParams(0.0))
     stop = free[1].token_ids[15]
     ref = generate(spec_model, prompts, max_new_tokens=33, sampling=SamplingParams(0.0), stop_ids=[EOS_, stop])
-    monkeypatch.setattr(spec, "_draft", _oracle_drafter(spec_model, prompts, corrupt=0.4, seed=2))
+    monkeypatch.setattr(spec, "_draft", oracle_drafter(spec_model, prompts, corrupt=0.4, seed=2))
     sizes, handle = _batch_sizes(spec_model)
     try:
         gens, metrics = spec.speculative_generate(spec_model, prompts, k="auto", max_k=5, mode=mode,
@@ -91,19 +92,19 @@ def test_sampled_output_is_lossless_with_plain_steps_and_early_stops(spec_model,
     ranked = p1.argsort(descending=True)
     stop, top = int(ranked[1]), int(ranked[0])  # the second most likely first token stops its row
     n = 3000
-    monkeypatch.setattr(spec, "_draft", _mixture_drafter(spec_model, [prompt] * n, params))
+    monkeypatch.setattr(spec, "_draft", mixture_drafter(spec_model, [prompt] * n, params))
     gens, metrics = spec.speculative_generate(spec_model, [prompt] * n, k="auto", max_k=2, mode="rs",
                                               max_new_tokens=4, sampling=params, stop_ids=[stop],
                                               generator=torch.Generator().manual_seed(0),
                                               controller=Schedule((0, 2, 1)))
     assert 0.5 < metrics.acceptance_rate < 0.98
     first = torch.tensor([g.token_ids[0] for g in gens])
-    _assert_follows(first, p1)
+    assert_follows(first, p1)
     assert any(len(g.token_ids) == 1 for g in gens) and any(len(g.token_ids) == 4 for g in gens)
     second = torch.tensor([g.token_ids[1] for g in gens if g.token_ids[0] == top])
     with torch.no_grad():
         p2 = warp_probs(spec_model.logits(spec_model(torch.tensor([prompt + [top]])))[0, -1], params)
-    _assert_follows(second, p2)
+    assert_follows(second, p2)
 
 
 def test_refresh_log_concatenates_valid_prefixes_in_order():
@@ -124,7 +125,7 @@ def test_refresh_log_concatenates_valid_prefixes_in_order():
 def test_catch_up_refresh_equals_refreshing_every_step(spec_model, monkeypatch):
     """After plain steps, the first draft of each row comes from an MTP cache refreshed over the
     whole skipped span in one forward: its q_1 equals the head run over the full sequence."""
-    prompts = _ids(PROMPTS[:4])
+    prompts = ids_of(PROMPTS[:4])
     seen = []
     real = spec._draft
 
@@ -156,7 +157,7 @@ def test_catch_up_refresh_equals_refreshing_every_step(spec_model, monkeypatch):
 def test_finished_rows_ride_along_until_enough_of_them_finished(spec_model, monkeypatch, mode):
     """In a larger batch a finished row stays in the forward (feeding padding nothing keeps) until
     1/COMPACT_EVERY of the batch has finished: output is unchanged (T=0 == one row at a time)."""
-    prompts = _ids([f"{p}{i}" for i in range(4) for p in PROMPTS])  # 24 rows: compaction waits for 3
+    prompts = ids_of([f"{p}{i}" for i in range(4) for p in PROMPTS])  # 24 rows: compaction waits for 3
     free = generate(spec_model, prompts[:6], max_new_tokens=30, sampling=SamplingParams(0.0))
     stops = [EOS_, free[2].token_ids[4], free[1].token_ids[11]]
     ref = [generate(spec_model, [p], max_new_tokens=30, sampling=SamplingParams(0.0), stop_ids=stops)[0] for p in prompts]
@@ -168,7 +169,7 @@ def test_finished_rows_ride_along_until_enough_of_them_finished(spec_model, monk
     alive = [sum(len(g.token_ids) > s for g in plain) for s in range(len(sizes))]
     assert any(n > a for n, a in zip(sizes, alive))  # finished rows rode along for a while
     assert all(n == a or (n - a) * COMPACT_EVERY < n for n, a in zip(sizes, alive))
-    monkeypatch.setattr(spec, "_draft", _oracle_drafter(spec_model, prompts, corrupt=0.4, seed=3))
+    monkeypatch.setattr(spec, "_draft", oracle_drafter(spec_model, prompts, corrupt=0.4, seed=3))
     gens, _ = spec.speculative_generate(spec_model, prompts, k="auto", max_k=3, mode=mode, max_new_tokens=30,
                                         sampling=SamplingParams(0.0), stop_ids=stops, controller=Schedule((2, 0, 3)))
     for a, b, c in zip(plain, gens, ref):

@@ -281,28 +281,28 @@ def test_rkl_where_target_is_zero_is_finite():
 
 # ---- bad input ------------------------------------------------------------------------------------
 
-def test_bad_input_raises_bebop_error():
-    z, p = torch.zeros(4, 2, 5), torch.full((4, 2, 5), 0.2)
-    cases = [
-        lambda: draft_loss("nope", DraftLossInputs(z, p)),
-        lambda: draft_loss("ce", DraftLossInputs(z, p[:, :1])),  # K mismatch
-        lambda: draft_loss("ce", DraftLossInputs(z, p[..., :4])),  # V mismatch
-        lambda: draft_loss("ce", DraftLossInputs(z, p[:3])),  # N mismatch
-        lambda: draft_loss("ce", DraftLossInputs(z[:, 0], p[:, 0])),  # not (N, K, V)
-        lambda: draft_loss("ce", DraftLossInputs(z[:, :0], p[:, :0])),  # K = 0
-        lambda: draft_loss("ce", DraftLossInputs(z, p, torch.ones(3, dtype=torch.bool))),  # mask shape
-        lambda: draft_loss("ce", DraftLossInputs(z, p, torch.ones(4))),  # mask dtype
-        lambda: draft_loss("ce", DraftLossInputs(z.long(), p)),
-        lambda: draft_loss("ce", DraftLossInputs(z, p), chunk_size=0),
-        lambda: e2e_tv_loss(z, p[:, :, :3]),
-        lambda: tv_loss(z, p),  # per-row functions take (N, V)
-        lambda: ce_loss(z[:, 0], p[:3, 0]),
-    ]
-    for case in cases:
-        with pytest.raises(BebopError):
-            case()
-    with pytest.raises(BebopError, match="known: ce, kl, rkl, tv, e2e_tv"):
-        draft_loss("ctc", DraftLossInputs(z, p))
-    with pytest.raises(BebopError, match=r"\(4, 1, 5\).*\(4, 2, 5\)"):
-        draft_loss("ce", DraftLossInputs(z, p[:, :1]))
+BAD_Z, BAD_P = torch.zeros(4, 2, 5), torch.full((4, 2, 5), 0.2)
+
+
+@pytest.mark.parametrize("case,message", [
+    (lambda: draft_loss("nope", DraftLossInputs(BAD_Z, BAD_P)), "unknown draft loss 'nope'; known: ce, kl, rkl, tv, e2e_tv"),
+    (lambda: draft_loss("ce", DraftLossInputs(BAD_Z, BAD_P[:, :1])), r"target_probs shape \(4, 1, 5\) does not match"),
+    (lambda: draft_loss("ce", DraftLossInputs(BAD_Z, BAD_P[..., :4])), r"target_probs shape \(4, 2, 4\)"),
+    (lambda: draft_loss("ce", DraftLossInputs(BAD_Z, BAD_P[:3])), r"target_probs shape \(3, 2, 5\)"),
+    (lambda: draft_loss("ce", DraftLossInputs(BAD_Z[:, 0], BAD_P[:, 0])), r"must be \(N, K, V\), got shape \(4, 5\)"),
+    (lambda: draft_loss("ce", DraftLossInputs(BAD_Z[:, :0], BAD_P[:, :0])), "need K >= 1 depths"),
+    (lambda: draft_loss("ce", DraftLossInputs(BAD_Z, BAD_P, torch.ones(3, dtype=torch.bool))), r"mask .* got torch.bool \(3,\)"),
+    (lambda: draft_loss("ce", DraftLossInputs(BAD_Z, BAD_P, torch.ones(4))), r"mask must be a bool .* got torch.float32 \(4,\)"),
+    (lambda: draft_loss("ce", DraftLossInputs(BAD_Z.long(), BAD_P)), "must be floating point, got torch.int64"),
+    (lambda: draft_loss("ce", DraftLossInputs(BAD_Z, BAD_P), chunk_size=0), "chunk_size must be a positive int, got 0"),
+    (lambda: e2e_tv_loss(BAD_Z, BAD_P[:, :, :3]), r"target_probs shape \(4, 2, 3\)"),
+    (lambda: tv_loss(BAD_Z, BAD_P), r"tv_loss: .* must both be \(N, V\)"),  # per-row functions take (N, V)
+    (lambda: ce_loss(BAD_Z[:, 0], BAD_P[:3, 0]), r"ce_loss: draft_logits \(4, 5\) and target_probs \(3, 5\)"),
+])
+def test_bad_input_raises_a_bebop_error_naming_the_problem(case, message):
+    with pytest.raises(BebopError, match=message):
+        case()
+
+
+def test_the_loss_names():
     assert list(DRAFT_LOSSES) == NAMES

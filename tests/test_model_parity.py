@@ -5,6 +5,7 @@ import torch
 
 from bebop.model import load_model, save_model
 from bebop.model.checkpoint import read_state_dict
+
 from conftest import make_hf_model
 
 

@@ -40,7 +40,9 @@ def test_steps_run_end_to_end_and_write_metrics(headed, tmp_path, digit_reward, 
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert METRIC_KEYS <= set(r)
-        assert len(r["acceptance_rate_per_position"]) == 2 and r["mean_acceptance_length"] >= 1.0
+        per_position = r["acceptance_rate_per_position"]
+        assert len(per_position) == 2 and per_position[0] >= per_position[1]  # depth 2 needs depth 1
+        assert r["mean_acceptance_length"] == pytest.approx(1 + sum(per_position))  # tokens per verify, <= K+1
         assert r["generated_tokens"] > 0 and r["rollout_s"] > 0
         assert 0 < r["response_len_p50"] <= r["response_len_p90"] <= r["response_len_max"] <= 16
         assert 0 <= r["staleness"] <= 1

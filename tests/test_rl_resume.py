@@ -50,12 +50,16 @@ def test_resume_after_sigkill_counts_every_step_once(tmp_path):
 
 
 def test_metrics_are_cut_to_the_checkpoint_on_resume(tmp_path):
-    from bebop.rl.metrics import METRICS_FILE, MetricsWriter
+    from bebop.metrics_log import MetricsLog
+    from bebop.rl.metrics import METRICS_FILE
 
     lines = [json.dumps({"step": s, "reward": 0.5}) for s in (1, 2, 3, 4)]
     (tmp_path / METRICS_FILE).write_text("\n".join(lines) + '\n{"step": 5, "rew')  # torn by a kill
-    MetricsWriter(tmp_path, resume_step=2).close()
-    assert (tmp_path / METRICS_FILE).read_text().splitlines() == lines[:2]
+    log = MetricsLog(tmp_path, METRICS_FILE, resume_step=2)
+    assert log.last == {"step": 2, "reward": 0.5}
+    log.write({"step": 3, "reward": 0.25})
+    log.close()
+    assert (tmp_path / METRICS_FILE).read_text().splitlines() == lines[:2] + [json.dumps({"step": 3, "reward": 0.25})]
 
 
 def test_resume_with_another_config_names_the_fields(tmp_path, capsys):

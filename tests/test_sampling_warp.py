@@ -58,8 +58,10 @@ def test_sampling_frequencies_follow_probs():
     assert ((freq - probs.double()).abs() <= 5 * sigma).all()
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-1.0), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5),
-                                    dict(temperature=float("nan"))])
-def test_bad_params_are_clear_errors(kwargs):
-    with pytest.raises(BebopError):
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(temperature=-1.0), "temperature must be >= 0, got -1.0"), (dict(top_k=-2), r"top_k must be >= 0 \(0 = off\)"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"), (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+    (dict(temperature=float("nan")), "temperature must be >= 0, got nan")])
+def test_bad_params_are_clear_errors(kwargs, message):
+    with pytest.raises(BebopError, match=message):
         SamplingParams(**kwargs)

@@ -8,7 +8,9 @@ import torch
 from bebop.cli import main
 from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
+from bebop.model import load_model
 from bebop.sft import SFTConfig, train_sft
+
 from conftest import CHAR_CODEC
 
 TINY = (("hidden_size", 32), ("intermediate_size", 64), ("num_hidden_layers", 1), ("num_attention_heads", 2),
@@ -39,7 +41,10 @@ def test_sft_lowers_the_loss_and_writes_a_loadable_model(tmp_path, capsys):
     assert state["step"] == 30
     history = state["history"]
     assert sum(history[-5:]) / 5 < 0.7 * sum(history[:5]) / 5
-    assert metrics["num_parameters"] > 0 and (out / "sft_meta.json").is_file()
+    assert metrics["num_parameters"] == sum(p.numel() for p in load_model(out).parameters())
+    assert json.loads((out / "sft_meta.json").read_text())["final_loss"] == metrics["final_loss"]
+    logged = [json.loads(line) for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged] == list(range(1, 31)) and [row["loss"] for row in logged] == history
     assert main(["generate", "--model", str(out), "--prompt", "Ann has 3 eggs.", "--max-new-tokens", "5"]) == 0
     assert main(["eval", "--model", str(out), "--task", "math", "--n", "4", "--max-new-tokens", "40"]) == 0
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

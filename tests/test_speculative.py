@@ -1,7 +1,6 @@
 """Speculative generation: T=0 equals plain greedy, ragged acceptance bookkeeping, losslessness
 end to end, metrics, observations, bad input."""
 
-import random
 
 import pytest
 import torch
@@ -11,20 +10,16 @@ from bebop.engine import speculative as spec
 from bebop.errors import BebopError
 from bebop.model import load_model
 from bebop.sampling import SamplingParams, warp_probs
+
 from conftest import CHAR_CODEC
-
-PROMPTS = ["Q: 12 + 7 = ?", "hello world", "a", "The price of 3 apples is", "xy", "0123456789"]
-EOS = CHAR_CODEC.eos_id
-
-
-def _ids(prompts):
-    return [CHAR_CODEC.encode(p) for p in prompts]
+from spec_helpers import EOS, PROMPTS, ids_of, mixture_drafter, oracle_drafter
+from stats_helpers import assert_follows
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_equals_plain_with_random_head(spec_model, mode, k):
-    prompts = _ids(PROMPTS)
+    prompts = ids_of(PROMPTS)
     ref = generate(spec_model, prompts, max_new_tokens=40, sampling=SamplingParams(0.0), stop_ids=[EOS])
     gens, metrics = spec.speculative_generate(spec_model, prompts, k=k, mode=mode, max_new_tokens=40,
                                               sampling=SamplingParams(0.0), stop_ids=[EOS])
@@ -34,47 +29,16 @@ def test_greedy_equals_plain_with_random_head(spec_model, mode, k):
     assert metrics.num_drafts > 0
 
 
-def _oracle_drafter(model, prompts, corrupt: float, seed: int):
-    """A drafter that knows the greedy continuation: drafts are right except at a random depth
-    (with probability `corrupt` per chain), so rows accept 0..K tokens raggedly. It rebuilds each
-    row's sequence from what the engine hands the head: the prompt's first token, then every
-    refresh chunk's next-tokens in order."""
-    seqs = [[p[0]] for p in prompts]
-    rng = random.Random(seed)
-
-    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, rows):
-        drafts = []
-        for i, b in enumerate(rows):  # rows: the prompt index of each live row
-            c = int(ref_count[i])
-            seqs[b] += ref_tokens[i, :c].tolist()
-            seq = list(seqs[b])
-            row = []
-            with torch.no_grad():
-                for _ in range(k):
-                    nxt = int(model.logits(model(torch.tensor([seq])))[0, -1].argmax())
-                    row.append(nxt)
-                    seq.append(nxt)
-            if rng.random() < corrupt:
-                d = rng.randrange(k)
-                row[d] = (row[d] + 1) % model.config.vocab_size
-            drafts.append(row)
-        drafts = torch.tensor(drafts, dtype=torch.long).reshape(len(rows), k)  # (R, K)
-        probs = torch.nn.functional.one_hot(drafts, model.config.vocab_size).float()  # (B, K, V)
-        return drafts, probs
-
-    return draft
-
-
 @pytest.mark.parametrize("mode", ["rs", "to"])
 def test_ragged_acceptance_keeps_greedy_output(spec_model, monkeypatch, mode):
     """With drafts that are often right, rows accept different numbers of tokens every step and
     caches roll back by different amounts; the output must still be plain greedy, and stop
     tokens / max_new_tokens inside an accepted run must truncate there."""
-    prompts = _ids(PROMPTS)
+    prompts = ids_of(PROMPTS)
     ref = generate(spec_model, prompts, max_new_tokens=37, sampling=SamplingParams(0.0), stop_ids=[EOS])
     stop = ref[1].token_ids[20]  # a token that occurs mid-sequence, so stops land inside accepted runs
     ref = generate(spec_model, prompts, max_new_tokens=37, sampling=SamplingParams(0.0), stop_ids=[EOS, stop])
-    monkeypatch.setattr(spec, "_draft", _oracle_drafter(spec_model, prompts, corrupt=0.5, seed=0))
+    monkeypatch.setattr(spec, "_draft", oracle_drafter(spec_model, prompts, corrupt=0.5, seed=0))
     gens, metrics = spec.speculative_generate(spec_model, prompts, k=4, mode=mode, max_new_tokens=37,
                                               sampling=SamplingParams(0.0), stop_ids=[EOS, stop])
     for a, b in zip(gens, ref):
@@ -84,45 +48,18 @@ def test_ragged_acceptance_keeps_greedy_output(spec_model, monkeypatch, mode):
 
 
 def test_observations_prefilled_then_drafting_resumes(spec_model, monkeypatch):
-    prompts = _ids(PROMPTS[:3])
+    prompts = ids_of(PROMPTS[:3])
     free = generate(spec_model, prompts, max_new_tokens=12, sampling=SamplingParams(0.0))
     interrupt = free[0].token_ids[3]
     obs = CHAR_CODEC.encode("<obs>42</obs>")
     kwargs = dict(max_new_tokens=30, sampling=SamplingParams(0.0), interrupt_ids=[interrupt],
                   observer=lambda row, toks: obs)
     ref = generate(spec_model, prompts, **kwargs)
-    monkeypatch.setattr(spec, "_draft", _oracle_drafter(spec_model, prompts, corrupt=0.3, seed=1))
+    monkeypatch.setattr(spec, "_draft", oracle_drafter(spec_model, prompts, corrupt=0.3, seed=1))
     gens, metrics = spec.speculative_generate(spec_model, prompts, k=3, mode="rs", **kwargs)
     for a, b in zip(gens, ref):
         assert a.token_ids == b.token_ids and a.policy_mask == b.policy_mask
     assert obs[0] in gens[0].token_ids and metrics.mean_acceptance_length > 2
-
-
-def _mixture_drafter(model, prompts, params):
-    """A sampling drafter whose q_d = 0.7 p_d + 0.3 uniform-over-p_d's-support, where p_d is the
-    exact target row (full forward), so RS accepts often (about 0.85) yet not always."""
-    seqs = [[p[0]] for p in prompts]
-
-    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, live):
-        for i, b in enumerate(live):  # live: the prompt index of each live row
-            seqs[b] += ref_tokens[i, : int(ref_count[i])].tolist()
-        drafts = torch.zeros(len(live), k, dtype=torch.long)  # (R, K)
-        probs = torch.zeros(len(live), k, model.config.vocab_size)  # (R, K, V)
-        for length in {len(seqs[b]) for b in live}:  # rows advance raggedly: one batched oracle per length
-            rows = [i for i, b in enumerate(live) if len(seqs[b]) == length]
-            seq = torch.tensor([seqs[live[i]] for i in rows])  # (R, T)
-            with torch.no_grad():
-                for d in range(k):
-                    target = warp_probs(model.logits(model(seq))[:, -1], params)  # (R, V)
-                    support = (target > 0).float()
-                    q = 0.7 * target + 0.3 * support / support.sum(-1, keepdim=True)
-                    y = torch.multinomial(q, 1, generator=generator)  # (R, 1)
-                    drafts[rows, d] = y[:, 0]
-                    probs[rows, d] = q
-                    seq = torch.cat([seq, y], dim=1)
-        return drafts, probs
-
-    return draft
 
 
 def test_sampled_output_is_lossless_end_to_end(spec_model, monkeypatch):
@@ -133,32 +70,19 @@ def test_sampled_output_is_lossless_end_to_end(spec_model, monkeypatch):
     params = SamplingParams(1.5, top_k=8)
     prompt = CHAR_CODEC.encode("hello")
     n = 4000
-    monkeypatch.setattr(spec, "_draft", _mixture_drafter(spec_model, [prompt] * n, params))
+    monkeypatch.setattr(spec, "_draft", mixture_drafter(spec_model, [prompt] * n, params))
     gens, metrics = spec.speculative_generate(spec_model, [prompt] * n, k=2, mode="rs", max_new_tokens=3,
                                               sampling=params, generator=torch.Generator().manual_seed(0))
     assert 0.5 < metrics.acceptance_rate < 0.98  # accepted and rejected paths both exercised
     first = torch.tensor([g.token_ids[0] for g in gens])
     with torch.no_grad():
         p1 = warp_probs(spec_model.logits(spec_model(torch.tensor([prompt])))[0, -1], params)  # (V,)
-    _assert_follows(first, p1)
+    assert_follows(first, p1)
     top = int(torch.bincount(first).argmax())
     second = torch.tensor([g.token_ids[1] for g in gens if g.token_ids[0] == top])
     with torch.no_grad():
         p2 = warp_probs(spec_model.logits(spec_model(torch.tensor([prompt + [top]])))[0, -1], params)
-    _assert_follows(second, p2)
-
-
-def _assert_follows(samples: torch.Tensor, probs: torch.Tensor) -> None:
-    counts = torch.bincount(samples, minlength=probs.numel()).double()
-    assert counts[probs == 0].sum() == 0  # nothing outside the support
-    expected = probs.double() * samples.numel()
-    big = expected >= 10
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    chi2 = ((obs - exp) ** 2 / exp.clamp_min(1e-12)).sum()
-    dof = int(big.sum())
-    p_value = torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), chi2 / 2)
-    assert p_value > 1e-6, (chi2, dof)
+    assert_follows(second, p2)
 
 
 def test_logprobs_are_the_targets(spec_model):
@@ -189,13 +113,13 @@ def test_metrics_definitions():
                                            (dict(k=2, mode="greedy"), "mode")])
 def test_bad_spec_settings(spec_model, kwargs, needle):
     with pytest.raises(BebopError, match=needle):
-        spec.speculative_generate(spec_model, _ids(["a"]), max_new_tokens=3, **kwargs)
+        spec.speculative_generate(spec_model, ids_of(["a"]), max_new_tokens=3, **kwargs)
 
 
 def test_model_without_head_points_to_mtp_init(hf_model_dir):
     _, path = hf_model_dir
     with pytest.raises(BebopError, match="bebop mtp init"):
-        spec.speculative_generate(load_model(path), _ids(["a"]), k=2, mode="rs", max_new_tokens=3)
+        spec.speculative_generate(load_model(path), ids_of(["a"]), k=2, mode="rs", max_new_tokens=3)
 
 
 def test_nan_logits_are_a_clear_error(spec_model):
@@ -205,7 +129,7 @@ def test_nan_logits_are_a_clear_error(spec_model):
     with torch.no_grad():
         model.lm_head.weight[5, 0] = float("nan")
     with pytest.raises(BebopError, match="NaN"):
-        spec.speculative_generate(model, _ids(["abc"]), k=2, mode="rs", max_new_tokens=3)
+        spec.speculative_generate(model, ids_of(["abc"]), k=2, mode="rs", max_new_tokens=3)
 
 
 def test_nan_in_the_head_alone_is_a_clear_error(spec_model):
@@ -215,5 +139,5 @@ def test_nan_in_the_head_alone_is_a_clear_error(spec_model):
     with torch.no_grad():
         model.mtp.fc.weight[0, 0] = float("nan")
     with pytest.raises(BebopError, match="NaN"):
-        spec.speculative_generate(model, _ids(["abc"]), k=2, mode="rs", max_new_tokens=6,
+        spec.speculative_generate(model, ids_of(["abc"]), k=2, mode="rs", max_new_tokens=6,
                                   sampling=SamplingParams(1.0), generator=torch.Generator().manual_seed(0))

@@ -53,7 +53,7 @@ def test_missing_key_names_row_and_key(tmp_path, capsys):
 
 
 def test_unreadable_file(tmp_path, capsys):
-    with pytest.raises(BebopError, match="cannot read"):
+    with pytest.raises(BebopError, match="file not found"):
         run(["tasks", "score", "--task", "math", str(tmp_path / "nope.jsonl")], capsys)
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(BebopError, match="cannot read"):

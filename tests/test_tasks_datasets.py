@@ -45,7 +45,7 @@ def test_missing_key_names_row_and_key(tmp_path):
     path.write_text('{"prompt": "a", "ground_truth": "1"}\nnot json\n')
     with pytest.raises(BebopError, match="row 2 is not valid JSON"):
         load_dataset_rows(path)
-    with pytest.raises(BebopError, match="cannot read"):
+    with pytest.raises(BebopError, match="file not found"):
         load_dataset_rows(tmp_path / "missing.jsonl")
 
 

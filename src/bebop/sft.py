@@ -32,6 +32,7 @@ from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.fileio import atomic_write_json
+from bebop.metrics_log import MetricsLog, require_tensorboard
 from bebop.model.checkpoint import save_model
 from bebop.policy import Policy, load_policy
 from bebop.tasks import Problem, Task, get_task
@@ -39,6 +40,7 @@ from bebop.tokenizer import TextCodec
 from bebop.train_state import check_same_config, load_train_state, rng_state, save_train_state, set_rng_state
 
 META_FILE = "sft_meta.json"
+METRICS_FILE = "sft_metrics.jsonl"
 # steps per task so that the test pass rate at temperature 1 lands in 20-70% (docs/results/policies.md;
 # math measured on the 12-layer default, code and agent on the earlier 4-layer one)
 DEFAULT_STEPS = {"math": 600, "code": 450, "agent": 500, "mix": 650}
@@ -121,10 +123,14 @@ def _prepare(out: Path, cfg: SFTConfig, resume: bool) -> dict | None:
     return None
 
 
-def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> dict:
-    """Train (or resume) a policy in `out`; return the final metrics (also in sft_meta.json)."""
+def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress: bool = True,
+              tensorboard: bool = False) -> dict:
+    """Train (or resume) a policy in `out`; return the final metrics (also in sft_meta.json). Per-step
+    metrics: OUT/sft_metrics.jsonl (and OUT/tb with `tensorboard`)."""
     out = Path(out)
     task = get_task(cfg.task, cfg.difficulty)
+    if tensorboard:
+        require_tensorboard()  # before anything is written
     if cfg.steps < 1 or cfg.batch_size < 1:
         raise BebopError("--steps and --batch-size must be >= 1")
     state = _prepare(out, cfg, resume)
@@ -139,6 +145,7 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
         rng.setstate(state["data_rng"])
         set_rng_state(state["rng"])
         start, history = state["step"], state["history"]
+    log = MetricsLog(out, METRICS_FILE, resume_step=start, tensorboard=tensorboard, tag="sft")
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"sft {cfg.task}",
                disable=not progress, file=sys.stderr)
     t0 = time.perf_counter()
@@ -152,11 +159,13 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         history.append(round(loss, 4))
+        log.write({"step": step + 1, "loss": history[-1], "lr": lr_at(step, cfg)})
         bar.set_postfix(loss=f"{history[-1]:.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_model(model, out)
             save_train_state(out, {"config": asdict(cfg), "step": step + 1, "optimizer": opt.state_dict(),
                                    "data_rng": rng.getstate(), "rng": rng_state(), "history": history})
+    log.close()
     metrics = {"config": asdict(cfg), "final_loss": sum(history[-20:]) / max(1, len(history[-20:])),
                "steps": cfg.steps, "train_seconds_this_run": round(time.perf_counter() - t0, 1),
                "num_parameters": sum(p.numel() for p in model.parameters())}

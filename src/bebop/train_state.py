@@ -24,9 +24,14 @@ def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
+def config_diff(saved: dict, current: dict) -> list[str]:
+    """The keys whose values differ between two configs (a key missing on one side differs), sorted."""
+    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+
+
 def check_same_config(saved: dict, current: dict, run_dir: str | os.PathLike) -> None:
     """Refuse to resume `run_dir` with another config, naming the fields that differ."""
-    diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    diff = config_diff(saved, current)
     if diff:
         raise BebopError(f"cannot resume {run_dir}: config differs in {', '.join(diff)}")
 

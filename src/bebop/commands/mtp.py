@@ -72,6 +72,8 @@ def _add_train(mtp_sub) -> None:
     add_config_flags(p, MTPTrainConfig)
     p.add_argument("--out", help="write the trained model here (default: into --model)")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also log the per-step metrics to OUT/tb (OUT: --out, else --model; needs tensorboard)")
     p.set_defaults(func=run_train)
 
 
@@ -79,7 +81,7 @@ def run_train(args: argparse.Namespace) -> None:
     from bebop.mtp.train import MTPTrainConfig, train_mtp
 
     cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
-    print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume)))
+    print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume, tensorboard=args.tensorboard)))
 
 
 def _add_eval(mtp_sub) -> None:

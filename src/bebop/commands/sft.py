@@ -16,11 +16,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="model directory to create (or continue with --resume)")
     add_config_flags(p, SFTConfig, required=("task",))
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    p.add_argument("--tensorboard", action="store_true", help="also log the per-step metrics to OUT/tb (needs tensorboard)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
     values = config_values(SFTConfig, args)
     values.setdefault("steps", DEFAULT_STEPS.get(values["task"], SFTConfig().steps))  # tuned per task
-    metrics = train_sft(args.out, SFTConfig(**values), resume=args.resume)
+    metrics = train_sft(args.out, SFTConfig(**values), resume=args.resume, tensorboard=args.tensorboard)
     print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))

@@ -86,8 +86,8 @@ def _check_inputs(inputs: DraftLossInputs) -> Tensor:
     if mask is None:
         return torch.arange(n, device=logits.device)
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (n,):
-        shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
-        raise BebopError(f"mask must be a bool tensor of shape (N,) = ({n},), got {shape}")
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise BebopError(f"mask must be a bool tensor of shape (N,) = ({n},), got {got}")
     return mask.to(logits.device).nonzero().squeeze(-1)  # one host sync: the kept count sizes the loop
 
 

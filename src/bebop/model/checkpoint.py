@@ -160,25 +160,26 @@ def from_hf_state(state: dict[str, torch.Tensor], fused_names: list[str], cfg: M
     return out
 
 
-def _expected_hf_tensors(model: CausalLM, prefix_filter) -> dict[str, torch.Tensor]:
+def _expected_hf_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
     """Hugging Face name -> tensor (for its shape) of every tensor the checkpoint must hold."""
-    names = {k: v for k, v in model.state_dict().items() if prefix_filter(k)}
+    names = dict(model.state_dict())
     if model.config.tie_word_embeddings:
         names.pop("lm_head.weight", None)
     return to_hf_state(names, model.config)
 
 
-def load_weights_into(model: CausalLM, model_dir: Path, found: dict[str, torch.Tensor], prefix_filter,
-                      dtype: torch.dtype) -> None:
-    """Check `found` (Hugging Face names) against what `model` needs under `prefix_filter`, load it."""
-    expected = _expected_hf_tensors(model, prefix_filter)
+def checked_state(skeleton: CausalLM, model_dir: Path, found: dict[str, torch.Tensor],
+                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`found` (Hugging Face names) checked against every tensor `skeleton` needs (names, shapes;
+    unknown ones warned about and dropped), cast to `dtype` -> a state dict in bebop's names."""
+    expected = _expected_hf_tensors(skeleton)
     unexpected = sorted(set(found) - set(expected))
     if unexpected:
         print(f"warning: ignoring {len(unexpected)} unknown tensor(s) in {model_dir}, e.g. {unexpected[0]!r}",
               file=sys.stderr)
     state = _check_and_cast(expected, found, model_dir, dtype)
-    fused = [k for k in model.state_dict() if prefix_filter(k) and _split_name(k)]
-    model.load_state_dict(from_hf_state(state, fused, model.config), strict=False, assign=True)
+    fused = [k for k in skeleton.state_dict() if _split_name(k)]
+    return from_hf_state(state, fused, skeleton.config)
 
 
 def _mtp_layers_in(names) -> int:
@@ -201,10 +202,8 @@ def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float
         raise BebopError(f"config.json in {model_dir} says mtp_num_hidden_layers={cfg.mtp_num_hidden_layers} "
                          "but the checkpoint holds no mtp.* tensors")
     with torch.device("meta"):
-        model = CausalLM(cfg)
-    load_weights_into(model, model_dir, found, lambda name: True, dtype)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+        skeleton = CausalLM(cfg)  # names and shapes only
+    model = CausalLM.from_state_dict(cfg, checked_state(skeleton, model_dir, found, dtype), strict=False)
     return model.to(device).eval()
 
 

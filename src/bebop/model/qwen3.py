@@ -41,6 +41,17 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MTPHead(cfg) if cfg.mtp_num_hidden_layers else None
 
+    @classmethod
+    def from_state_dict(cls, cfg: ModelConfig, state: dict[str, torch.Tensor], *, strict: bool = True) -> CausalLM:
+        """A model whose tensors ARE `state`'s (bebop names; assigned, not copied, never initialised):
+        built on the meta device, loaded, and the LM head re-tied to the embedding when the config ties them."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.load_state_dict(state, strict=strict, assign=True)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        return model
+
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device

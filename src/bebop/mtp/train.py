@@ -13,7 +13,6 @@ environment observation). Metrics go to `mtp_metrics.jsonl`; `mtp_train_state.pt
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
@@ -25,8 +24,8 @@ from tqdm import tqdm
 
 from bebop.errors import BebopError
 from bebop.fields import opt
-from bebop.fileio import atomic_write_text
 from bebop.losses import DRAFT_LOSSES, DraftLossInputs, draft_loss
+from bebop.metrics_log import MetricsLog, require_tensorboard
 from bebop.model.checkpoint import save_model
 from bebop.mtp.chain import chain_forward, shifted
 from bebop.mtp.data import Sequence, demonstration_data, selfdistill_data
@@ -136,9 +135,12 @@ def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bo
 
 
 def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | None = None, resume: bool = False,
-              progress: bool = True, data_cache: str | Path | None = None) -> dict:
-    """Train the head of the model in `model_dir`; write it to `out` (default: model_dir)."""
+              progress: bool = True, data_cache: str | Path | None = None, tensorboard: bool = False) -> dict:
+    """Train the head of the model in `model_dir`; write it to `out` (default: model_dir).
+    Per-step metrics: OUT/mtp_metrics.jsonl (and OUT/tb with `tensorboard`)."""
     cfg.validate()
+    if tensorboard:
+        require_tensorboard()  # before anything is written
     out = Path(out or model_dir)
     source = out if resume else Path(model_dir)
     policy = load_policy(source, device="cpu")
@@ -158,7 +160,7 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     elif out != Path(model_dir):
         save_model(policy.model, out)
         copy_tokenizer_files(model_dir, out)
-    lines = _read_lines(out / METRICS_FILE)[:start]
+    log = MetricsLog(out, METRICS_FILE, resume_step=start, tensorboard=tensorboard, tag="mtp")
     policy.model.train()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}",
                disable=not progress, file=sys.stderr)
@@ -173,20 +175,17 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         acc = [round(a, 4) for a in result.acceptance_per_depth.tolist()]
-        lines.append(json.dumps({"step": step + 1, "loss": round(result.loss.item(), 5), "acceptance_per_depth": acc,
-                                 "num_chains": result.num_chains}))
+        log.write({"step": step + 1, "loss": round(result.loss.item(), 5), "acceptance_per_depth": acc,
+                   "num_chains": result.num_chains})
         bar.set_postfix(loss=f"{result.loss.item():.3f}", acc1=f"{acc[0]:.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             policy.model.eval()
             save_model(policy.model, out)
-            atomic_write_text(out / METRICS_FILE, "\n".join(lines) + "\n")
             save_train_state(out, {"config": asdict(cfg), "step": step + 1, "optimizer": opt.state_dict(),
                                    "data_rng": rng.getstate(), "rng": rng_state()}, STATE_FILE)
             policy.model.train()
-    last = json.loads(lines[-1]) if lines else {}
+    log.close()
+    last = log.last
     return {"steps": cfg.steps, "loss": last.get("loss"), "acceptance_per_depth": last.get("acceptance_per_depth"),
             "train_seconds_this_run": round(time.perf_counter() - t0, 1), "out": str(out)}
 
-
-def _read_lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.is_file() else []

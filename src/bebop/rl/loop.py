@@ -29,6 +29,7 @@ from tqdm import tqdm
 from bebop.engine.speculative import AUTO
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
+from bebop.metrics_log import MetricsLog, require_tensorboard
 from bebop.model.checkpoint import load_model
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy, load_policy
@@ -36,7 +37,7 @@ from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
 from bebop.rl.config import Backend, RLConfig
 from bebop.rl.drafter_alarm import CLEARED, RAISED, DrafterAlarm
-from bebop.rl.metrics import MetricsWriter, StepMetrics, length_percentiles, require_tensorboard
+from bebop.rl.metrics import METRICS_FILE, StepMetrics, length_percentiles
 from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
 from bebop.rl.ray_backend import RaySource
 from bebop.rl.ray_connect import preflight
@@ -200,7 +201,7 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
     """Steps learner.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, log, save."""
     trainer, online, alarm = learner.trainer, learner.online, learner.alarm
     model = trainer.policy.model
-    writer = MetricsWriter(out, resume_step=learner.start, tensorboard=tensorboard)
+    writer = MetricsLog(out, METRICS_FILE, resume_step=learner.start, tensorboard=tensorboard, tag="rl")
     bar = tqdm(range(learner.start, cfg.steps), initial=learner.start, total=cfg.steps,
                desc=f"rl {cfg.task} {cfg.mode}", disable=not progress, file=sys.stderr)
     history: list[StepMetrics] = []
@@ -219,7 +220,7 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
             _watch_drafter(alarm, fetched.batch.spec, source, cfg)
             t2 = time.perf_counter()
             m = step_metrics(step + 1, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0, alarm.raised)
-            writer.write(m)
+            writer.write(asdict(m))
             history.append(m)
             bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:

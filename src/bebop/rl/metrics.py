@@ -1,25 +1,13 @@
-"""Per-step RL metrics: RUN_DIR/metrics.jsonl (one object per step) and optional TensorBoard.
-
-    writer = MetricsWriter(run_dir, resume_step=0, tensorboard=False)
-    writer.write(step_metrics)       # appends one line, flushed
-    writer.close()
-
-On resume the file is first cut (atomically) to the steps <= the checkpoint's step, so a step
-that ran after the last checkpoint and is run again is never counted twice; a line torn by a
-kill is dropped too.
-"""
+"""What one RL step records (RUN_DIR/metrics.jsonl, written by bebop.metrics_log.MetricsLog):
+`StepMetrics`, and the response-length percentiles it carries."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TypedDict
 
 from bebop.errors import BebopError
-from bebop.fileio import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -61,9 +49,6 @@ class StepMetrics:
     mtp_loss: float | None = None
     mtp_acceptance_per_depth: list[float] = field(default_factory=list)
 
-    def to_json(self) -> str:
-        return json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()})
-
 
 def percentile(ordered: Sequence[float], q: float) -> float:
     """The q-quantile (0 <= q <= 1) of sorted values, linear between ranks (numpy's default)."""
@@ -89,57 +74,3 @@ def length_percentiles(lengths: Sequence[int]) -> LengthPercentiles:
     ordered = sorted(lengths)
     return {"response_len_p50": float(percentile(ordered, 0.5)), "response_len_p90": float(percentile(ordered, 0.9)),
             "response_len_max": ordered[-1], "response_len_mean": sum(ordered) / len(ordered)}
-
-
-def read_steps(path: Path, upto: int) -> list[str]:
-    """The valid lines of `path` whose step is <= upto (torn or later lines dropped)."""
-    if not path.is_file():
-        return []
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= upto:
-            kept.append(line)
-    return kept
-
-
-class MetricsWriter:
-    def __init__(self, run_dir: str | Path, *, resume_step: int = 0, tensorboard: bool = False) -> None:
-        self.path = Path(run_dir) / METRICS_FILE
-        kept = read_steps(self.path, resume_step)
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
-        self.board = open_tensorboard(Path(run_dir) / "tb") if tensorboard else None
-        self.fh = open(self.path, "a", encoding="utf-8")
-
-    def write(self, m: StepMetrics) -> None:
-        self.fh.write(m.to_json() + "\n")
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-        if self.board is not None:
-            for key, value in asdict(m).items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self.board.add_scalar(f"rl/{key}", value, m.step)
-                elif isinstance(value, list):
-                    for i, v in enumerate(value):
-                        self.board.add_scalar(f"rl/{key}/{i + 1}", v, m.step)
-
-    def close(self) -> None:
-        self.fh.close()
-        if self.board is not None:
-            self.board.close()
-
-
-def require_tensorboard():
-    """torch's SummaryWriter class, imported lazily; a clear error when tensorboard is missing."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise BebopError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
-    return SummaryWriter
-
-
-def open_tensorboard(log_dir: Path):
-    return require_tensorboard()(str(log_dir))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bebop.model.qwen3 import CausalLM
 from bebop.mtp.data import Sequence as DraftSequence
 from bebop.mtp.train import MTPTrainConfig, chain_step, make_batch
 from bebop.policy import Policy
@@ -27,7 +28,7 @@ from bebop.rl.records import Rollout
 
 
 @contextmanager
-def trunk_frozen(model) -> Iterator[None]:
+def trunk_frozen(model: CausalLM) -> Iterator[None]:
     """requires_grad off for every non-mtp parameter inside the block, restored after."""
     trunk = model.trunk_parameters()
     saved = [p.requires_grad for p in trunk]

@@ -67,19 +67,15 @@ START_TIMEOUT_S = 300.0  # a worker that is not up by then: the cluster lacks CP
 MAX_ATTEMPTS = 3  # workers one data index may kill before the run gives up
 
 
-def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def cpu_state(model: CausalLM) -> dict[str, torch.Tensor]:
     """The full state dict (trunk and mtp.*) on the CPU, for ray.put (which copies it)."""
     return {name: t.detach().cpu() for name, t in model.state_dict().items()}
 
 
 def build_engine(config, state: dict[str, torch.Tensor], device: torch.device) -> CausalLM:
     """A rollout engine from a model config and a full state dict (head included when config has one)."""
-    with torch.device("meta"):
-        model = CausalLM(config)
     # object-store tensors are read-only views: own a copy before the engine's weights alias them
-    model.load_state_dict({k: v.to(device, copy=True) for k, v in state.items()}, strict=True, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model = CausalLM.from_state_dict(config, {k: v.to(device, copy=True) for k, v in state.items()})
     return model.eval().requires_grad_(False)
 
 
@@ -117,7 +113,7 @@ class Slot:
 
 
 class RaySource:
-    def __init__(self, sampler: RolloutSampler, model: torch.nn.Module, *, start_index: int, policy_version: int = 0,
+    def __init__(self, sampler: RolloutSampler, model: CausalLM, *, start_index: int, policy_version: int = 0,
                  max_staleness: int = 1, workers: int = 1, address: str | None = None) -> None:
         check_worker_count(workers, max_staleness)
         self.ray = ray = require_ray()
@@ -228,7 +224,7 @@ class RaySource:
                 return Fetched(batch, dropped, time.perf_counter() - t0)
             dropped += 1
 
-    def publish(self, model: torch.nn.Module, version: int) -> None:
+    def publish(self, model: CausalLM, version: int) -> None:
         self.version, self.weights = version, self.ray.put(cpu_state(model))
         self.training = False
         self._fill()

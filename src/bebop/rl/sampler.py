@@ -20,6 +20,7 @@ from bebop.engine.metrics import SpecMetrics, merged
 from bebop.engine.records import FINISH_LENGTH
 from bebop.engine.speculative import AUTO, speculative_rollout_fn
 from bebop.engine.step_costs import step_costs
+from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
 from bebop.rl.config import RLConfig
 from bebop.rl.records import Rollout, RolloutBatch
@@ -36,7 +37,7 @@ class RolloutSampler:
         self.controller: AdaptiveK | None = None
         self.drafting_suspended = False  # set while the drafter alarm is up (rl/drafter_alarm.py)
 
-    def _controller(self, model, rows: int) -> AdaptiveK | None:
+    def _controller(self, model: CausalLM, rows: int) -> AdaptiveK | None:
         """With --k auto, one controller for the run: its acceptance estimate follows the policy."""
         if self.cfg.k != AUTO:
             return None
@@ -58,7 +59,7 @@ class RolloutSampler:
         """Fail early, on the caller's thread, when the tokenizer cannot express the task's prompts."""
         encode_prompts(policy, self.problems(0))
 
-    def collect(self, model, *, index: int, policy_version: int) -> RolloutBatch:
+    def collect(self, model: CausalLM, *, index: int, policy_version: int) -> RolloutBatch:
         cfg = self.cfg
         policy = Policy(model, self.codec)
         problems = self.problems(index)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
 from bebop.rl.batch import TrainBatch, to_train_batch
 from bebop.rl.config import RLConfig
@@ -49,7 +50,7 @@ class TrainStats:
     optimizer_steps: int
 
 
-def frozen_reference(model) -> torch.nn.Module:
+def frozen_reference(model: CausalLM) -> CausalLM:
     """A frozen copy of `model` without its head (the KL reference)."""
     ref = copy.deepcopy(model).eval()
     ref.mtp = None
@@ -58,7 +59,7 @@ def frozen_reference(model) -> torch.nn.Module:
     return ref
 
 
-def logprobs_of(model, batch: TrainBatch, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+def logprobs_of(model: CausalLM, batch: TrainBatch, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (log-probs (B, T-1) of ids[:, 1:], entropy (B, T-1)) under the sampler's warping."""
     logits = model.logits(model(batch.ids))  # (B, T, V)
     return token_logprobs(logits[:, :-1], batch.ids[:, 1:], sampling)
@@ -70,7 +71,7 @@ def mini_batch_rows(rows: int, mini_batches: int, generator: torch.Generator) ->
 
 
 class PolicyTrainer:
-    def __init__(self, policy: Policy, cfg: RLConfig, *, reference: torch.nn.Module | None = None,
+    def __init__(self, policy: Policy, cfg: RLConfig, *, reference: CausalLM | None = None,
                  policy_version: int = 0) -> None:
         """`reference`: the frozen starting policy, required when cfg.kl_coef > 0 (see frozen_reference)."""
         self.policy, self.cfg = policy, cfg

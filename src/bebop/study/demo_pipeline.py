@@ -37,6 +37,7 @@ from bebop.study.layout import DemoLayout
 from bebop.study.loss_table import headed_copy
 from bebop.tasks import get_task
 from bebop.train_state import STATE_FILE as SFT_STATE_FILE
+from bebop.train_state import config_diff
 
 MODES = ("rs", "to")
 # the tiny model of the miniature configuration (as in tests/test_sft.py)
@@ -165,7 +166,7 @@ def check_config(layout: DemoLayout, cfg: DemoConfig) -> None:
     """Write DIR/demo_config.json, or refuse to mix a different configuration into DIR."""
     if layout.config.is_file():
         saved = json.loads(layout.config.read_text())
-        diff = sorted(k for k in set(saved) | set(cfg.to_json()) if saved.get(k) != cfg.to_json().get(k))
+        diff = config_diff(saved, cfg.to_json())
         if diff:
             raise BebopError(f"{layout.root} holds a demo with another configuration (differs in {', '.join(diff)}); "
                              f"choose another --out")
@@ -249,11 +250,9 @@ def stage_rl(layout: DemoLayout, rcfg: RLConfig, progress: bool, device: str) ->
 
 def run_demo_pipeline(out: str | Path, cfg: DemoConfig, *, progress: bool = True, device: str = "auto") -> Path:
     """Run (or resume) every stage in `out`, then write the report; -> the report's path."""
-    from bebop.study.plots import require_matplotlib
     from bebop.study.report import write_report
 
     cfg.validate()
-    require_matplotlib()  # fail now, not after 20 minutes of training
     layout = DemoLayout(Path(out))
     layout.root.mkdir(parents=True, exist_ok=True)
     check_config(layout, cfg)

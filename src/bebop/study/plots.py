@@ -1,4 +1,4 @@
-"""The report's figures (matplotlib, no pyplot state: each function builds one Figure and saves a PNG).
+"""The report's figures (matplotlib, a required dependency; no pyplot state: each function builds one Figure and saves a PNG).
 
 Every figure has a title, labelled axes and a legend; numbers come from the caller, which reads
 them from the saved results (bebop.study.report).
@@ -9,29 +9,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from bebop.errors import BebopError
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from bebop.fileio import atomic_write
 from bebop.study.entropy_law import LinearFit
 
 DPI = 110
 
 
-def require_matplotlib():
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise BebopError("plots need matplotlib (pip install matplotlib)") from None
-    return Figure
-
-
 def _integer_steps(ax) -> None:
-    from matplotlib.ticker import MaxNLocator
-
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _save(fig, path: Path) -> Path:
-    from bebop.fileio import atomic_write
-
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
@@ -41,7 +32,7 @@ def _save(fig, path: Path) -> Path:
 def plot_entropy_law(curves: Sequence[tuple[str, Sequence[float], Sequence[float], LinearFit | None]],
                      path: Path, title: str) -> Path:
     """curves: (label, entropies, accept lengths, fitted line); one marker series + line each."""
-    fig = require_matplotlib()(figsize=(6.4, 4.6))
+    fig = Figure(figsize=(6.4, 4.6))
     ax = fig.add_subplot()
     markers = "osD^vP*X"
     for i, (label, xs, ys, fit) in enumerate(curves):
@@ -63,7 +54,7 @@ def plot_entropy_law(curves: Sequence[tuple[str, Sequence[float], Sequence[float
 
 
 def plot_loss_table(losses: Sequence[str], rs: Sequence[float], to: Sequence[float], path: Path, title: str) -> Path:
-    fig = require_matplotlib()(figsize=(5.6, 4.0))
+    fig = Figure(figsize=(5.6, 4.0))
     ax = fig.add_subplot()
     xs = range(len(losses))
     width = 0.38
@@ -83,7 +74,7 @@ def plot_loss_table(losses: Sequence[str], rs: Sequence[float], to: Sequence[flo
 def plot_acceptance_per_position(runs: Sequence[tuple[str, Sequence[int], Sequence[Sequence[float]]]],
                                  path: Path, title: str) -> Path:
     """runs: (name, steps, per-step acceptance per depth); one panel per run, one line per depth."""
-    fig = require_matplotlib()(figsize=(5.2 * max(1, len(runs)), 4.0))
+    fig = Figure(figsize=(5.2 * max(1, len(runs)), 4.0))
     for i, (name, steps, per_pos) in enumerate(runs):
         ax = fig.add_subplot(1, max(1, len(runs)), i + 1)
         depth_count = max((len(p) for p in per_pos), default=0)
@@ -101,7 +92,7 @@ def plot_acceptance_per_position(runs: Sequence[tuple[str, Sequence[int], Sequen
 
 def plot_step_time(names: Sequence[str], rollout: Sequence[float], train: Sequence[float], step: Sequence[float],
                    path: Path, title: str) -> Path:
-    fig = require_matplotlib()(figsize=(6.4, 4.2))
+    fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
     xs = range(len(names))
     width = 0.27
@@ -117,7 +108,7 @@ def plot_step_time(names: Sequence[str], rollout: Sequence[float], train: Sequen
 
 
 def plot_rewards(runs: Sequence[tuple[str, Sequence[int], Sequence[float]]], path: Path, title: str) -> Path:
-    fig = require_matplotlib()(figsize=(6.4, 4.2))
+    fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
     styles = {"off": "-", "to": ":", "rs": "--"}
     for i, (name, steps, rewards) in enumerate(runs):

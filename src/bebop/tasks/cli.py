@@ -14,9 +14,10 @@ import json
 import random
 import sys
 
+from bebop.jsonl import read_numbered
 from bebop.tasks import get_task
 from bebop.tasks.base import DEFAULT_DIFFICULTY, DIFFICULTIES, SPLITS, Problem
-from bebop.tasks.datasets import read_jsonl, require
+from bebop.tasks.datasets import require
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,7 +53,7 @@ def cmd_sample(args: argparse.Namespace) -> None:
 
 def cmd_score(args: argparse.Namespace) -> None:
     task = get_task(args.task, getattr(args, "difficulty", DEFAULT_DIFFICULTY))
-    rows = read_jsonl(args.file)
+    rows = read_numbered(args.file)
     problems = [_problem(row, number, args) for number, row in rows]  # check all rows first
     for (number, row), problem in zip(rows, problems):
         _write(row | {"reward": task.score(problem, str(row["completion"]))})

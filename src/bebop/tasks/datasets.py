@@ -12,14 +12,13 @@ check that overruns scores 0; its thread is abandoned (Python cannot kill a thre
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from bebop.errors import BebopError
+from bebop.jsonl import read_numbered
 from bebop.tasks.base import Problem
 
 DATASET_TASK = "math_dataset"
@@ -38,26 +37,6 @@ def require_math_verify() -> Any:
 
 
 Rows = list[tuple[int, dict]]  # (1-based row number, row)
-
-
-def read_jsonl(path: str | os.PathLike) -> Rows:
-    """Numbered rows of a JSONL file (blank lines skipped; numbers are line numbers)."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BebopError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise BebopError(f"{path}: row {number} is not valid JSON") from None
-        if not isinstance(row, dict):
-            raise BebopError(f"{path}: row {number} is not a JSON object")
-        rows.append((number, row))
-    return rows
 
 
 def read_parquet(path: str | os.PathLike) -> Rows:
@@ -103,7 +82,7 @@ def _ground_truth(row: dict, number: int, path: str | os.PathLike) -> str:
 
 def load_dataset_rows(path: str | os.PathLike) -> list[Problem]:
     """Problems (task 'math_dataset') from a .jsonl or .parquet file."""
-    rows = read_parquet(path) if str(path).endswith(".parquet") else read_jsonl(path)
+    rows = read_parquet(path) if str(path).endswith(".parquet") else read_numbered(path)
     return [Problem(_prompt_text(require(row, "prompt", number, path), number, path),
                     _ground_truth(row, number, path), DATASET_TASK) for number, row in rows]
 

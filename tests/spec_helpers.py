@@ -1,0 +1,80 @@
+"""Shared pieces of the speculative-decoding tests: prompts, and drafters that replace the MTP head
+with a known proposal (an oracle that is right except at a random depth; a mixture that is close
+to the target), so acceptance is ragged and the expected output is known."""
+
+import random
+
+import torch
+
+from bebop.sampling import warp_probs
+
+from conftest import CHAR_CODEC
+
+PROMPTS = ["Q: 12 + 7 = ?", "hello world", "a", "The price of 3 apples is", "xy", "0123456789"]
+EOS = CHAR_CODEC.eos_id
+
+
+def ids_of(prompts):
+    return [CHAR_CODEC.encode(p) for p in prompts]
+
+
+
+def oracle_drafter(model, prompts, corrupt: float, seed: int):
+    """A drafter that knows the greedy continuation: drafts are right except at a random depth
+    (with probability `corrupt` per chain), so rows accept 0..K tokens raggedly. It rebuilds each
+    row's sequence from what the engine hands the head: the prompt's first token, then every
+    refresh chunk's next-tokens in order."""
+    seqs = [[p[0]] for p in prompts]
+    rng = random.Random(seed)
+
+    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, rows):
+        drafts = []
+        for i, b in enumerate(rows):  # rows: the prompt index of each live row
+            c = int(ref_count[i])
+            seqs[b] += ref_tokens[i, :c].tolist()
+            seq = list(seqs[b])
+            row = []
+            with torch.no_grad():
+                for _ in range(k):
+                    nxt = int(model.logits(model(torch.tensor([seq])))[0, -1].argmax())
+                    row.append(nxt)
+                    seq.append(nxt)
+            if rng.random() < corrupt:
+                d = rng.randrange(k)
+                row[d] = (row[d] + 1) % model.config.vocab_size
+            drafts.append(row)
+        drafts = torch.tensor(drafts, dtype=torch.long).reshape(len(rows), k)  # (R, K)
+        probs = torch.nn.functional.one_hot(drafts, model.config.vocab_size).float()  # (B, K, V)
+        return drafts, probs
+
+    return draft
+
+
+
+def mixture_drafter(model, prompts, params):
+    """A sampling drafter whose q_d = 0.7 p_d + 0.3 uniform-over-p_d's-support, where p_d is the
+    exact target row (full forward), so RS accepts often (about 0.85) yet not always."""
+    seqs = [[p[0]] for p in prompts]
+
+    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, live):
+        for i, b in enumerate(live):  # live: the prompt index of each live row
+            seqs[b] += ref_tokens[i, : int(ref_count[i])].tolist()
+        drafts = torch.zeros(len(live), k, dtype=torch.long)  # (R, K)
+        probs = torch.zeros(len(live), k, model.config.vocab_size)  # (R, K, V)
+        for length in {len(seqs[b]) for b in live}:  # rows advance raggedly: one batched oracle per length
+            rows = [i for i, b in enumerate(live) if len(seqs[b]) == length]
+            seq = torch.tensor([seqs[live[i]] for i in rows])  # (R, T)
+            with torch.no_grad():
+                for d in range(k):
+                    target = warp_probs(model.logits(model(seq))[:, -1], params)  # (R, V)
+                    support = (target > 0).float()
+                    q = 0.7 * target + 0.3 * support / support.sum(-1, keepdim=True)
+                    y = torch.multinomial(q, 1, generator=generator)  # (R, 1)
+                    drafts[rows, d] = y[:, 0]
+                    probs[rows, d] = q
+                    seq = torch.cat([seq, y], dim=1)
+        return drafts, probs
+
+    return draft
+
+
