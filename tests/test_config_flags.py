@@ -39,9 +39,10 @@ def _rl_values(tmp_path, *flags):
 
 def test_a_config_file_sets_fields_and_flags_override_it(tmp_path):
     path = tmp_path / "rl.json"
-    path.write_text(json.dumps({"model": "m", "task": "code", "steps": 7, "lr": 0.5, "max-staleness": 0, "k": "auto"}))
+    path.write_text(json.dumps({"model": "m", "task": "code", "steps": 7, "lr": 0.5, "max-staleness": 0, "k": "auto",
+                                "spec": "rs"}))
     values = _rl_values(tmp_path, "--config", str(path), "--lr", "0.25", "--group-size", "8")
-    assert values == {"model": "m", "task": "code", "steps": 7, "lr": 0.25, "max_staleness": 0, "k": "auto",
+    assert values == {"model": "m", "task": "code", "steps": 7, "lr": 0.25, "max_staleness": 0, "k": "auto", "spec": "rs",
                       "group_size": 8}
     cfg = RLConfig(**values)
     assert (cfg.is_cap, cfg.grad_clip) == (RLConfig().is_cap, RLConfig().grad_clip)  # the rest: defaults
@@ -89,3 +90,15 @@ def test_version(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--version"])
     assert capsys.readouterr().out.strip() == f"bebop {__version__}"
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: RLConfig(group_size=1), "--group-size must be >= 2"),
+    (lambda: RLConfig(k="auto"), "--k auto .* needs --spec to or --spec rs"),
+    (lambda: SFTConfig(steps=0), "--steps must be >= 1, got 0"),
+    (lambda: SFTConfig(task="poetry"), "unknown task"),
+    (lambda: MTPTrainConfig(depths=0), "--depths must be >= 1, got 0"),
+])
+def test_a_config_is_checked_when_it_is_made(make, message):
+    with pytest.raises(BebopError, match=message):
+        make()

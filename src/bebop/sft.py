@@ -61,6 +61,14 @@ class SFTConfig:
     save_every: int = opt(100, "steps between resumable saves")
     model_overrides: tuple = ()  # (("hidden_size", 64), ...) for tiny test models (no flag)
 
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "pool", "save_every"):
+            if getattr(self, name) < 1:
+                raise BebopError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not (self.lr > 0 and self.warmup >= 0 and self.weight_decay >= 0):
+            raise BebopError("need --lr > 0, --warmup >= 0 and --weight-decay >= 0")
+        get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError
+
 
 def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """-> ids (B, T) right-padded, labels (B, T) aligned so labels[:, t] is the target at t."""
@@ -131,8 +139,6 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
     task = get_task(cfg.task, cfg.difficulty)
     if tensorboard:
         require_tensorboard()  # before anything is written
-    if cfg.steps < 1 or cfg.batch_size < 1:
-        raise BebopError("--steps and --batch-size must be >= 1")
     state = _prepare(out, cfg, resume)
     policy = load_policy(out, device="cpu")
     model = policy.model.train()

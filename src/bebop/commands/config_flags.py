@@ -9,7 +9,9 @@ Every int / float / str field (or one with a `parse` function in its metadata) b
 `--field-name`, with the help text and choices of its metadata (see bebop.fields.opt) and
 its default shown in --help. `--config FILE` (TOML or JSON, keys = field names with - or _) sets
 fields; a flag given on the command line overrides the file; what neither sets keeps the
-dataclass default. A field in `required` must come from one of the two.
+dataclass default. A field in `required` must come from one of the two. The dataclass checks the
+values when it is constructed (`__post_init__` -> `validate`), so flags, files and the Python API
+meet the same checks.
 """
 
 from __future__ import annotations

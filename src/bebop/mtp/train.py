@@ -57,6 +57,9 @@ class MTPTrainConfig:
     ce_warmup_steps: int = opt(0, "train with ce for the first N steps, then with --loss (the TV gradient "
                                   "vanishes where the draft gives ~0 mass)")
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> None:
         if self.loss not in DRAFT_LOSSES:
             raise BebopError(f"unknown loss {self.loss!r}; choose from {', '.join(DRAFT_LOSSES)}")
@@ -138,7 +141,6 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
               progress: bool = True, data_cache: str | Path | None = None, tensorboard: bool = False) -> dict:
     """Train the head of the model in `model_dir`; write it to `out` (default: model_dir).
     Per-step metrics: OUT/mtp_metrics.jsonl (and OUT/tb with `tensorboard`)."""
-    cfg.validate()
     if tensorboard:
         require_tensorboard()  # before anything is written
     out = Path(out or model_dir)

@@ -56,6 +56,9 @@ class RLConfig:
     rollout_threads: int = opt(0, "async: torch threads of the rollout worker (0 = torch's default)")
     train_threads: int = opt(0, "async: torch threads of the trainer (0 = torch's default)")
 
+    def __post_init__(self) -> None:
+        self.validate()  # a config that exists is a valid one (flags, --config files and the API alike)
+
     def validate(self) -> None:
         if self.mode not in MODES:
             raise BebopError(f"unknown --mode {self.mode!r}; choose from {', '.join(MODES)}")

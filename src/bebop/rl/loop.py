@@ -144,7 +144,6 @@ def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model:
 def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: bool = True,
              tensorboard: bool = False, device: str = "auto", backend: Backend = Backend()) -> dict:
     """Run (or resume) GRPO in `out`; return a summary of the last steps."""
-    cfg.validate()
     backend.validate(cfg)
     if backend.name == "ray":
         preflight(backend.ray_address)  # before anything is written to the run directory
