@@ -17,7 +17,7 @@ from bebop.errors import BebopError
 from bebop.study.demo_pipeline import DemoConfig, run_demo_pipeline, stage_policy
 from bebop.study.layout import DemoLayout
 
-PLOTS = {"loss_table.png", "entropy_law.png", "rl_step_time.png", "rl_reward.png", "rl_acceptance.png"}
+PLOTS = {"loss_table.png", "entropy_law.png", "entropy_bins.png", "rl_step_time.png", "rl_reward.png", "rl_acceptance.png"}
 RUNS = ["sync-off", "sync-rs", "async-off", "async-rs"]
 
 
@@ -132,6 +132,20 @@ def test_every_table_number_is_the_saved_value(demo):
         r2 = np.corrcoef(x, y)[0, 1] ** 2
         assert same(r["slope (per nat)"], slope) and same(r["intercept"], intercept) and same(r["r²"], r2)
         assert r["points"] == "3"
+
+    assert len(t["rule + head"]) == 4  # the per-token law at the table temperature
+    for r in t["rule + head"]:
+        mode, loss = r["rule + head"].lower().split(" + ")
+        p = point(loss, mode, float(r["T"]))
+        fit = p["first_draft_slope"]
+        if fit is None:  # a miniature curve can lack drafts at distinct entropies
+            assert r["drafts"] == "0"
+            continue
+        assert r["first-draft slope per nat [95% interval]"] == f"{fit['slope']:+.3f} [{fit['low']:+.3f}, {fit['high']:+.3f}]"
+        assert int(r["drafts"]) == fit["n"] == p["num_drafts"]  # every verified chain has a first draft
+        rates = [b["per_depth"][0]["rate"] for b in p["entropy_bins"]]
+        assert r["first-draft acceptance by entropy bin (low to high)"] == ", ".join(
+            "n/a" if x is None else f"{x:.3f}" for x in rates)
 
     base = statistics.median(m["step_s"] for m in metrics(demo, "sync-off") if m["step"] > 1)
     assert [r["run"] for r in t["run"]] == RUNS

@@ -94,6 +94,9 @@ def _add_eval(mtp_sub) -> None:
     p.add_argument("--n", type=int, default=64, help="test problems per point")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=192)
+    p.add_argument("--entropy-bins", type=int, default=0,
+                   help="also report acceptance per depth in N quantile bins of the target's entropy, with 95%% "
+                        "intervals, and the first draft's acceptance slope per nat (0 = off)")
     p.set_defaults(func=run_eval)
 
 
@@ -110,7 +113,7 @@ def run_eval(args: argparse.Namespace) -> None:
     modes = ["rs", "to"] if args.mode == "both" else [args.mode]
     policy = load_policy(args.model)
     for row in evaluate_mtp(policy, get_task(args.task), k=args.k, temperatures=temperatures, modes=modes,
-                            n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens):
+                            n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens, entropy_bins=args.entropy_bins):
         print(json.dumps(row), flush=True)
 
 

@@ -9,6 +9,9 @@
     mean_entropy                mean target entropy of the emitted policy tokens (nats)
     k_histogram                 {live-batch range: {k: steps}}: how many drafts each step verified,
                                 by the number of rows still generating ('1', '2-3', '4-7', ...)
+    draft_log                   with log_drafts=True (evaluation): one (depth, target entropy, accepted)
+                                per verified draft, the per-token data of the entropy law
+                                (bebop.study.entropy_bins); not in to_dict
 """
 
 from __future__ import annotations
@@ -39,11 +42,16 @@ class SpecMetrics:
     entropy_sum: float = 0.0
     num_emitted: int = 0
     k_histogram: dict[str, Counter] = field(default_factory=dict)
+    draft_log: list[tuple[int, float, bool]] | None = None  # (depth, H(p_depth) in nats, accepted)
 
     def __post_init__(self) -> None:
         self.accepted_per_position = (list(self.accepted_per_position) + [0] * self.k)[: self.k]
 
-    def record_draft(self, num_accepted: int, k: int | None = None) -> None:
+    def record_draft(self, num_accepted: int, k: int | None = None, entropies: Sequence[float] = ()) -> None:
+        """One verified chain of k drafts of which the first num_accepted were kept; `entropies`: the
+        target's entropy at each depth the verification reached (1 .. min(k, num_accepted + 1))."""
+        if self.draft_log is not None:
+            self.draft_log += [(d + 1, h, d < num_accepted) for d, h in enumerate(entropies)]
         self.num_drafts += 1
         self.num_draft_tokens += self.k if k is None else k
         self.num_accepted_tokens += num_accepted
@@ -65,7 +73,8 @@ class SpecMetrics:
         return SpecMetrics(k, self.num_drafts + other.num_drafts, self.num_draft_tokens + other.num_draft_tokens,
                            self.num_accepted_tokens + other.num_accepted_tokens,
                            [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))],
-                           self.entropy_sum + other.entropy_sum, self.num_emitted + other.num_emitted, histogram)
+                           self.entropy_sum + other.entropy_sum, self.num_emitted + other.num_emitted, histogram,
+                           None if self.draft_log is None or other.draft_log is None else self.draft_log + other.draft_log)
 
     @property
     def acceptance_rate(self) -> float:
@@ -94,7 +103,7 @@ class SpecMetrics:
 
 def merged(metrics: Sequence[SpecMetrics], k: int) -> SpecMetrics:
     """The metrics of several generate calls as one (k: the largest K any of them may verify)."""
-    out = SpecMetrics(k)
+    out = SpecMetrics(k, draft_log=[] if any(m.draft_log is not None for m in metrics) else None)
     for m in metrics:
         out = out.merge(m)
     return out

@@ -116,9 +116,11 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
                          stop_ids: Sequence[int] = (), generator: torch.Generator | None = None, pad_id: int = 0,
                          observer: Observer | None = None, interrupt_ids: Sequence[int] = (),
                          max_observation_tokens: int = 64, max_k: int = DEFAULT_MAX_K,
-                         controller: AdaptiveK | None = None) -> tuple[list[Generation], SpecMetrics]:
+                         controller: AdaptiveK | None = None, log_drafts: bool = False,
+                         ) -> tuple[list[Generation], SpecMetrics]:
     """`controller`: with k="auto", an AdaptiveK to reuse across calls (RL keeps one per run so its
-    acceptance estimate follows the policy); by default a fresh one over the model's cached costs."""
+    acceptance estimate follows the policy); by default a fresh one over the model's cached costs.
+    `log_drafts`: keep every verified draft's (depth, target entropy, accepted) in metrics.draft_log."""
     check_spec(mode, k, max_k)
     model.require_mtp()
     check_prompts(prompts, model.config.max_position_embeddings, model.config.vocab_size)
@@ -128,20 +130,22 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
                controller=controller if k == AUTO else None)
+    if log_drafts:
+        run.metrics.draft_log = []
     while run.live:
         run.step()
     return run.book.rows, run.metrics
 
 
 def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, max_k: int = DEFAULT_MAX_K,
-                           controller: AdaptiveK | None = None):
+                           controller: AdaptiveK | None = None, log_drafts: bool = False):
     """A generate function for rollout.run_episodes that drafts with the MTP head and appends each
     call's metrics to `sink` (k="auto": `controller` carries the acceptance estimate and costs
     across calls)."""
 
     def run(model: CausalLM, prompts, **kwargs) -> list[Generation]:
         gens, metrics = speculative_generate(model, prompts, k=k, mode=mode, max_k=max_k, controller=controller,
-                                             **kwargs)
+                                             log_drafts=log_drafts, **kwargs)
         sink.append(metrics)
         return gens
 
@@ -244,8 +248,8 @@ class _Run:
             toks = [int(t) for t in host[i][: n_acc + 1]]
             ents = host[i][2 * (k + 1): 2 * (k + 1) + n_acc + 1]
             kept = self.book.emit(row, toks, host[i][k + 1: k + 2 + n_acc], ents)
-            if drafting[i]:
-                self.metrics.record_draft(n_acc, k)
+            if drafting[i]:  # depths 1 .. n_acc + 1 were verified; ents[d - 1] is H(p_d)
+                self.metrics.record_draft(n_acc, k, ents[: min(k, n_acc + 1)])
             self.metrics.record_emitted(ents[:kept])
             valid = pending[i] + toks[: kept - 1]  # tokens of this chunk now in the trunk cache
             self.trunk_len[i] += len(valid)

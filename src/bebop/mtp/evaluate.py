@@ -4,7 +4,9 @@
 
 Each result is one (mode, temperature) point: vLLM's acceptance metrics from real speculative
 generation on the task's test prompts (agent observations included), plus the mean target
-entropy of the emitted tokens and the task's pass rate.
+entropy of the emitted tokens and the task's pass rate. With `entropy_bins=N` also the entropy law
+per token (bebop.study.entropy_bins): acceptance per depth in N quantile bins of the target's
+entropy, with intervals, and the first draft's acceptance slope per nat with its interval.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from bebop.errors import BebopError
 from bebop.policy import Policy
 from bebop.rollout import run_episodes, summarize
 from bebop.sampling import SamplingParams
+from bebop.study.entropy_bins import per_token_law
 from bebop.tasks import Task
 
 
 def evaluate_mtp(policy: Policy, task: Task, *, k: int, temperatures: Sequence[float], modes: Sequence[str],
                  n: int, seed: int = 0, max_new_tokens: int = 192, batch_size: int = 64,
-                 progress: bool = True) -> list[dict]:
+                 progress: bool = True, entropy_bins: int = 0) -> list[dict]:
     policy.model.require_mtp()
     if n < 1:
         raise BebopError(f"--n must be >= 1, got {n}")
@@ -40,8 +43,11 @@ def evaluate_mtp(policy: Policy, task: Task, *, k: int, temperatures: Sequence[f
         episodes = run_episodes(policy, task, problems, sampling=SamplingParams(temperature),
                                 max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 generator=torch.Generator(device=policy.model.device).manual_seed(seed),
-                                generate_fn=speculative_rollout_fn(k, mode, sink))
+                                generate_fn=speculative_rollout_fn(k, mode, sink, log_drafts=entropy_bins > 0))
         summary = summarize(episodes)
-        results.append({"mode": mode, "temperature": temperature, **merged(sink, k).to_dict(),
-                        "pass_rate": summary["pass_rate"], "n": n})
+        metrics = merged(sink, k)
+        row = {"mode": mode, "temperature": temperature, **metrics.to_dict(), "pass_rate": summary["pass_rate"], "n": n}
+        if entropy_bins and metrics.draft_log:
+            row.update(per_token_law(metrics.draft_log, k, entropy_bins))
+        results.append(row)
     return results

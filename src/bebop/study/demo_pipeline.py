@@ -83,6 +83,7 @@ class DemoConfig:
     table_temperature: float = 1.0  # the loss table's temperature (one of `temperatures`)
     eval_n: int = 32
     eval_max_new_tokens: int = 384  # the long tail: the longest math solutions are ~340 tokens
+    entropy_bins: int = 10  # the per-token entropy law: quantile bins of every verified draft (0 = off)
     # 4. RL: GRPO from the rl_head model, {sync, async} x {off, rs}, same seeds
     rl_head: str = "e2e_tv"
     rl_modes: tuple = ("sync", "async")
@@ -165,7 +166,7 @@ def say(message: str) -> None:
 def check_config(layout: DemoLayout, cfg: DemoConfig) -> None:
     """Write DIR/demo_config.json, or refuse to mix a different configuration into DIR."""
     if layout.config.is_file():
-        saved = json.loads(layout.config.read_text())
+        saved = {**DemoConfig().to_json(), **json.loads(layout.config.read_text())}  # added since: default
         diff = config_diff(saved, cfg.to_json())
         if diff:
             raise BebopError(f"{layout.root} holds a demo with another configuration (differs in {', '.join(diff)}); "
@@ -230,7 +231,8 @@ def stage_sweep(layout: DemoLayout, cfg: DemoConfig, loss: str, progress: bool, 
     t0 = time.perf_counter()
     policy = load_policy(layout.head_dir(loss), device=device)
     rows = evaluate_mtp(policy, get_task(cfg.task), k=cfg.k, temperatures=list(cfg.temperatures), modes=list(MODES),
-                        n=cfg.eval_n, seed=cfg.seed, max_new_tokens=cfg.eval_max_new_tokens, progress=progress)
+                        n=cfg.eval_n, seed=cfg.seed, max_new_tokens=cfg.eval_max_new_tokens, progress=progress,
+                        entropy_bins=cfg.entropy_bins)
     meta = {"head": loss, "head_dir": _relative(layout.head_dir(loss), layout.root), "task": cfg.task, "k": cfg.k,
             "n": cfg.eval_n, "seed": cfg.seed, "max_new_tokens": cfg.eval_max_new_tokens,
             "temperatures": list(cfg.temperatures), "modes": list(MODES), "split": "test",

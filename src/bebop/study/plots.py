@@ -71,6 +71,24 @@ def plot_loss_table(losses: Sequence[str], rs: Sequence[float], to: Sequence[flo
     return _save(fig, path)
 
 
+def plot_binned_acceptance(curves: Sequence[tuple[str, Sequence[float], Sequence[float], Sequence[float],
+                                                   Sequence[float]]], path: Path, title: str) -> Path:
+    """curves: (label, bin mean entropies, first-draft acceptance, interval low, interval high)."""
+    fig = Figure(figsize=(6.4, 4.6))
+    ax = fig.add_subplot()
+    for label, xs, ys, low, high in curves:
+        err = [[max(0.0, y - lo) for y, lo in zip(ys, low)], [max(0.0, hi - y) for y, hi in zip(ys, high)]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+    ax.set_xscale("symlog", linthresh=0.01)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("target entropy at the draft's position (nats; quantile bins, symlog axis)")
+    ax.set_ylabel("first-draft acceptance (95% Wilson interval)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def plot_acceptance_per_position(runs: Sequence[tuple[str, Sequence[int], Sequence[Sequence[float]]]],
                                  path: Path, title: str) -> Path:
     """runs: (name, steps, per-step acceptance per depth); one panel per run, one line per depth."""

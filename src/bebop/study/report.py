@@ -254,6 +254,46 @@ def section_entropy_law(res: DemoResults) -> list[str]:
         ["", "![acceptance against entropy](plots/entropy_law.png)", ""]
 
 
+def per_token_curves(res: DemoResults) -> list[tuple[str, str, dict]]:
+    """(mode, loss, sweep row at the table temperature) for every curve whose row has entropy bins."""
+    t = float(res.config.get("table_temperature", 1.0))
+    return [(mode, loss, p) for loss in res.losses for mode in ("to", "rs") for p in sweep_points(res, loss, mode)
+            if p["temperature"] == t and p.get("entropy_bins")]
+
+
+def section_entropy_per_token(res: DemoResults) -> list[str]:
+    lines = ["## 4b. The entropy law per token", ""]
+    curves = per_token_curves(res)
+    if not curves:
+        return lines + _missing("entropy bins in results/sweep-<loss>.json (a sweep run with entropy_bins > 0)")
+    rows, slopes = [], {}
+    for mode, loss, p in curves:
+        s = p.get("first_draft_slope")
+        slopes[(mode, loss)] = s
+        rows.append([f"{MODE_NAMES[mode]} + {loss}", f"{p['temperature']:g}",
+                     f"{s['slope']:+.3f} [{s['low']:+.3f}, {s['high']:+.3f}]" if s else "n/a", str(s["n"]) if s else "0",
+                     ", ".join(f3(b["per_depth"][0]["rate"]) for b in p["entropy_bins"])])
+    lines += ["Every verified first draft at the loss table's temperature, binned by the target's entropy at its "
+              "position (quantile bins). Slope: least squares of the 0/1 acceptance on entropy over the drafts "
+              "(acceptance probability per nat), with a 95% bootstrap interval; the paper's slopes are in accept "
+              "length per nat over RL steps, so compare ratios between curves, not raw numbers.", ""]
+    lines += _table(["rule + head", "T", "first-draft slope per nat [95% interval]", "drafts",
+                     "first-draft acceptance by entropy bin (low to high)"], rows) + [""]
+    lines += _slope_ratio_lines(slopes)
+    return lines + ["![first-draft acceptance by entropy bin](plots/entropy_bins.png)", ""]
+
+
+def _slope_ratio_lines(slopes: dict) -> list[str]:
+    """The method's claim in this data: RS with each head flattens the law relative to TO."""
+    out = []
+    for (mode, loss), s in slopes.items():
+        to = slopes.get(("to", loss))
+        if mode == "rs" and s and to and to["slope"] < 0:
+            out.append(f"- RS + {loss}: slope {s['slope']:+.3f} is {s['slope'] / to['slope']:.2f} of TO's "
+                       f"{to['slope']:+.3f} with the same head (the paper: about 1 for a ce head, about 0.04 for tv).")
+    return out + [""] if out else []
+
+
 def section_rl(res: DemoResults) -> list[str]:
     lines = ["## 5. GRPO: step time, speedup, acceptance, reward", ""]
     if not res.rl:
@@ -355,7 +395,7 @@ def render_markdown(res: DemoResults) -> str:
                  f"RL {cfg.get('rl_steps')} steps per run. The full configuration: `demo_config.json`.", ""]
     head += ["Rebuild this page from the results saved beside it (nothing is rerun): `bebop report DIR`.", ""]
     body = section_policy(res) + section_loss_table(res) + section_sweep(res) + section_entropy_law(res) + \
-        section_rl(res) + section_stage_times(res)
+        section_entropy_per_token(res) + section_rl(res) + section_stage_times(res)
     return "\n".join(head + body).rstrip() + "\n"
 
 
@@ -379,6 +419,16 @@ def write_plots(res: DemoResults, plots: Path) -> list[Path]:
                    [p["mean_acceptance_length"] for p in pts], fit) for mode, loss, pts, fit in fits]
         out.append(P.plot_entropy_law(curves, plots / "entropy_law.png",
                                       "Mean acceptance length against target entropy"))
+    binned = per_token_curves(res)
+    if binned:
+        bin_curves = []
+        for mode, loss, p in binned:
+            filled = [b for b in p["entropy_bins"] if b["per_depth"][0]["reached"]]  # (bin, first-draft stats)
+            first = [b["per_depth"][0] for b in filled]
+            bin_curves.append((f"{MODE_NAMES[mode]} + {loss}", [b["mean_entropy"] for b in filled],
+                               [d["rate"] for d in first], [d["low"] for d in first], [d["high"] for d in first]))
+        out.append(P.plot_binned_acceptance(bin_curves, plots / "entropy_bins.png",
+                                            "First-draft acceptance against the target's entropy, per token"))
     runs = {n: r for n, r in res.rl.items() if r.rows}
     if runs:
         maybe_times = {n: step_times(r, res.warmup) for n, r in runs.items()}
