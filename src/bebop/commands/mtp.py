@@ -94,6 +94,9 @@ def _add_eval(mtp_sub) -> None:
     p.add_argument("--n", type=int, default=64, help="test problems per point")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=192)
+    p.add_argument("--diagnostics", type=int, default=0, metavar="N",
+                   help="also the draft-vs-target diagnostics per depth (KL, entropy gap, acceptance split) on N "
+                        "of the policy's own test completions per temperature (0 = off)")
     p.add_argument("--entropy-bins", type=int, default=0,
                    help="also report acceptance per depth in N quantile bins of the target's entropy, with 95%% "
                         "intervals, and the first draft's acceptance slope per nat (0 = off)")
@@ -115,6 +118,21 @@ def run_eval(args: argparse.Namespace) -> None:
     for row in evaluate_mtp(policy, get_task(args.task), k=args.k, temperatures=temperatures, modes=modes,
                             n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens, entropy_bins=args.entropy_bins):
         print(json.dumps(row), flush=True)
+    if args.diagnostics:
+        _print_diagnostics(policy, get_task(args.task), temperatures, args)
+
+
+def _print_diagnostics(policy, task, temperatures: list[float], args: argparse.Namespace) -> None:
+    from bebop.mtp.data import sample_sequences
+    from bebop.mtp.diagnostics import draft_diagnostics
+
+    for t in temperatures:
+        if not t > 0:
+            continue  # a greedy target has no distribution to compare
+        seqs = sample_sequences(policy, task, n=args.diagnostics, temperature=t, seed=args.seed, split="test",
+                                max_new_tokens=args.max_new_tokens)
+        for row in draft_diagnostics(policy, seqs, depths=args.k, temperature=t):
+            print(json.dumps({"diagnostics": True, "temperature": t, **row}), flush=True)
 
 
 def run_init(args: argparse.Namespace) -> None:

@@ -15,7 +15,6 @@ import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -68,18 +67,25 @@ def selfdistill_data(policy: Policy, task: Task, *, n: int, temperature: float, 
     path = _cache_path(Path(cache_dir), task, n, temperature, seed, max_new_tokens)
     if path.is_file():
         return load_sequences(path, policy)
-    problems = task.problems("train", n, seed)
+    seqs = sample_sequences(policy, task, n=n, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
+                            batch_size=batch_size, progress=progress)
+    fp = tokenizer_fingerprint(policy)
+    write_jsonl(path, [{"prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "env_mask": s.env_mask,
+                        "tokenizer": fp} for s in seqs])
+    return seqs
+
+
+def sample_sequences(policy: Policy, task: Task, *, n: int, temperature: float, seed: int, split: str = "train",
+                     max_new_tokens: int = 192, batch_size: int = 64, progress: bool = True) -> list[Sequence]:
+    """The policy's own completions of n `split` problems at `temperature` (seeded), not cached."""
+    problems = task.problems(split, n, seed)
     generator = torch.Generator(device=policy.model.device).manual_seed(seed)
-    with tqdm(total=n, desc=f"self-distill {task.name} T={temperature:g}", disable=not progress, file=sys.stderr) as bar:
+    with tqdm(total=n, desc=f"sample {task.name} T={temperature:g}", disable=not progress, file=sys.stderr) as bar:
         episodes = run_episodes(policy, task, problems, sampling=SamplingParams(temperature),
                                 max_new_tokens=max_new_tokens, generator=generator, batch_size=batch_size,
                                 on_batch=bar.update)
-    fp = tokenizer_fingerprint(policy)
-    rows: list[dict[str, Any]]  # JSON rows: prompt_ids, completion_ids, env_mask, tokenizer
-    rows = [{"prompt_ids": policy.codec.encode(ep.problem.prompt), "completion_ids": ep.generation.token_ids,
-             "env_mask": [not m for m in ep.generation.policy_mask], "tokenizer": fp} for ep in episodes]
-    write_jsonl(path, rows)
-    return [Sequence(r["prompt_ids"], r["completion_ids"], r["env_mask"]) for r in rows]
+    return [Sequence(policy.codec.encode(ep.problem.prompt), ep.generation.token_ids,
+                     [not m for m in ep.generation.policy_mask]) for ep in episodes]
 
 
 def demonstration_data(policy: Policy, task: Task, *, n: int, seed: int) -> list[Sequence]:

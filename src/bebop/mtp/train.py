@@ -99,20 +99,26 @@ def loss_at(step: int, cfg: MTPTrainConfig) -> str:
     return "ce" if step < cfg.ce_warmup_steps else cfg.loss
 
 
-def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig, loss: str | None = None):
-    """The draft loss (default cfg.loss) of one batch, gradient into the head only -> DraftLossOutput."""
+def chain_distributions(policy: Policy, batch: ChainBatch, depths: int, temperature: float) -> DraftLossInputs:
+    """Every chain of the batch at depths 1..D: the head's logits (gradient into the head only) and the
+    trunk's distributions at the same positions (detached), at `temperature` -> (N, D, V) each, keep (N,)."""
     model = policy.model
     head = model.require_mtp()
     with torch.no_grad():
         hidden = model(batch.ids)  # (B, T, H) pre-norm
-        target = torch.softmax(model.logits(hidden) / cfg.temperature, dim=-1)  # (B, T, V)
-        targets = torch.stack([shifted(target, d, 0) for d in range(1, cfg.depths + 1)], dim=2)  # (B, T, D, V)
-        embeds = [model.embed(shifted(batch.ids, d, policy.pad_id)) for d in range(1, cfg.depths + 1)]
+        target = torch.softmax(model.logits(hidden) / temperature, dim=-1)  # (B, T, V)
+        targets = torch.stack([shifted(target, d, 0) for d in range(1, depths + 1)], dim=2)  # (B, T, D, V)
+        embeds = [model.embed(shifted(batch.ids, d, policy.pad_id)) for d in range(1, depths + 1)]
     outs = chain_forward(head, hidden, embeds)  # D x (B, T, H)
-    draft_logits = torch.stack([model.mtp_logits(o) for o in outs], dim=2) / cfg.temperature  # (B, T, D, V)
+    draft_logits = torch.stack([model.mtp_logits(o) for o in outs], dim=2) / temperature  # (B, T, D, V)
     v = draft_logits.shape[-1]
-    inputs = DraftLossInputs(draft_logits.reshape(-1, cfg.depths, v), targets.reshape(-1, cfg.depths, v),
-                             batch.keep.reshape(-1))
+    return DraftLossInputs(draft_logits.reshape(-1, depths, v), targets.reshape(-1, depths, v), batch.keep.reshape(-1))
+
+
+def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig, loss: str | None = None):
+    """The draft loss (default cfg.loss) of one batch, gradient into the head only -> DraftLossOutput."""
+    inputs = chain_distributions(policy, batch, cfg.depths, cfg.temperature)
+    v = inputs.draft_logits.shape[-1]
     return draft_loss(loss or cfg.loss, inputs, chunk_size=max(1, LOSS_CHUNK_FLOATS // (cfg.depths * v)))
 
 
