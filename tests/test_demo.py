@@ -133,6 +133,13 @@ def test_every_table_number_is_the_saved_value(demo):
         assert same(r["slope (per nat)"], slope) and same(r["intercept"], intercept) and same(r["r²"], r2)
         assert r["points"] == "3"
 
+    diag = [(loss, r) for loss in ("ce", "e2e_tv") for r in sweeps[loss]["diagnostics"]]
+    assert [(r["draft head"], r["depth"]) for r in t["draft head"]] == [(loss, str(d["depth"])) for loss, d in diag]
+    for r, (_, d) in zip(t["draft head"], diag):
+        assert same(r["KL(p‖q)"], d["kl"]) and same(r["H(q) - H(p)"], d["entropy_gap"]) and same(r["alpha"], d["alpha"])
+        assert same(r["alpha p>q"], d["alpha_p_gt_q"]) and same(r["alpha q>=p"], d["alpha_q_gt_p"])
+        assert r["chains"] == str(d["chains"])
+
     assert len(t["rule + head"]) == 4  # the per-token law at the table temperature
     for r in t["rule + head"]:
         mode, loss = r["rule + head"].lower().split(" + ")

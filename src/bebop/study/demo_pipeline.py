@@ -25,6 +25,8 @@ from typing import Any
 
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
+from bebop.mtp.data import sample_sequences
+from bebop.mtp.diagnostics import draft_diagnostics
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.train import STATE_FILE as HEAD_STATE_FILE
 from bebop.mtp.train import MTPTrainConfig, train_mtp
@@ -233,11 +235,15 @@ def stage_sweep(layout: DemoLayout, cfg: DemoConfig, loss: str, progress: bool, 
     rows = evaluate_mtp(policy, get_task(cfg.task), k=cfg.k, temperatures=list(cfg.temperatures), modes=list(MODES),
                         n=cfg.eval_n, seed=cfg.seed, max_new_tokens=cfg.eval_max_new_tokens, progress=progress,
                         entropy_bins=cfg.entropy_bins)
+    task, t = get_task(cfg.task), cfg.table_temperature  # the paper's Fig. 11, on the policy's own test completions
+    seqs = sample_sequences(policy, task, n=cfg.eval_n, temperature=t, seed=cfg.seed, split="test",
+                            max_new_tokens=cfg.eval_max_new_tokens, progress=progress)
+    diagnostics = draft_diagnostics(policy, seqs, depths=cfg.k, temperature=t)
     meta = {"head": loss, "head_dir": _relative(layout.head_dir(loss), layout.root), "task": cfg.task, "k": cfg.k,
             "n": cfg.eval_n, "seed": cfg.seed, "max_new_tokens": cfg.eval_max_new_tokens,
             "temperatures": list(cfg.temperatures), "modes": list(MODES), "split": "test",
             "seconds": round(time.perf_counter() - t0, 1)}
-    atomic_write_json(layout.sweep_result(loss), {"meta": meta, "rows": rows})
+    atomic_write_json(layout.sweep_result(loss), {"meta": meta, "rows": rows, "diagnostics": diagnostics})
 
 
 def stage_rl(layout: DemoLayout, rcfg: RLConfig, progress: bool, device: str) -> None:

@@ -294,6 +294,22 @@ def _slope_ratio_lines(slopes: dict) -> list[str]:
     return out + [""] if out else []
 
 
+def section_diagnostics(res: DemoResults) -> list[str]:
+    lines = ["## 4c. Draft against target, per depth (the paper's Fig. 11)", ""]
+    heads = [(loss, res.sweeps[loss]["diagnostics"]) for loss in res.losses if res.sweeps.get(loss, {}).get("diagnostics")]
+    if not heads:
+        return lines + _missing("diagnostics in results/sweep-<loss>.json")
+    t = float(res.config.get("table_temperature", 1.0))
+    rows = [[loss, str(r["depth"]), f3(r["kl"]), f"{r['entropy_gap']:+.3f}", f3(r["alpha"]), f3(r["alpha_p_gt_q"]),
+             f3(r["alpha_q_gt_p"]), str(r["chains"])] for loss, diag in heads for r in diag]
+    lines += [f"Teacher-forced chains over the policy's own completions of {res.config.get('eval_n')} test prompts at "
+              f"T={t:g}: p the trunk's distribution, q the head's. alpha = sum min(p, q) = 1 - TV is the RS acceptance "
+              "probability; it splits into the mass of tokens the head under-proposes (p > q) and over-proposes "
+              "(q >= p). The paper: a ce head spreads q (positive entropy gap), a tv head concentrates it.", ""]
+    return lines + _table(["draft head", "depth", "KL(p‖q)", "H(q) - H(p)", "alpha", "alpha p>q", "alpha q>=p",
+                           "chains"], rows) + [""]
+
+
 def section_rl(res: DemoResults) -> list[str]:
     lines = ["## 5. GRPO: step time, speedup, acceptance, reward", ""]
     if not res.rl:
@@ -395,7 +411,7 @@ def render_markdown(res: DemoResults) -> str:
                  f"RL {cfg.get('rl_steps')} steps per run. The full configuration: `demo_config.json`.", ""]
     head += ["Rebuild this page from the results saved beside it (nothing is rerun): `bebop report DIR`.", ""]
     body = section_policy(res) + section_loss_table(res) + section_sweep(res) + section_entropy_law(res) + \
-        section_entropy_per_token(res) + section_rl(res) + section_stage_times(res)
+        section_entropy_per_token(res) + section_diagnostics(res) + section_rl(res) + section_stage_times(res)
     return "\n".join(head + body).rstrip() + "\n"
 
 
