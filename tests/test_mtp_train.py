@@ -136,12 +136,22 @@ def test_loss_study_writes_a_table_from_its_runs(headed_model, tmp_path):
     from bebop.study.loss_table import run_loss_study
 
     rows = run_loss_study(headed_model, tmp_path / "study", task="math", losses=["ce", "e2e_tv"], steps=3, depths=2,
-                          k=2, n_eval=3, num_samples=8, progress=False)
+                          k=2, n_eval=3, num_samples=8, seeds=(0, 1), progress=False)
     table = (tmp_path / "study" / "loss_table.md").read_text()
     saved = json.loads((tmp_path / "study" / "loss_table.json").read_text())
     assert [r["loss"] for r in saved["rows"]] == ["ce", "e2e_tv"] == [r["loss"] for r in rows]
-    for r in rows:
-        assert f"| {r['loss']} | {100 * r['rs_acceptance_rate']:.1f}% |" in table
+    assert [(r["loss"], r["seed"]) for r in saved["runs"]] == [("ce", 0), ("e2e_tv", 0), ("ce", 1), ("e2e_tv", 1)]
+    for r in rows:  # mean and t-interval over the two seeds, paired differences to ce
+        values = [x["rs_acceptance_rate"] for x in saved["runs"] if x["loss"] == r["loss"]]
+        ce = [x["rs_acceptance_rate"] for x in saved["runs"] if x["loss"] == "ce"]
+        assert r["rs_acceptance_rate"][0] == pytest.approx(sum(values) / 2)
+        half = 12.706 * abs(values[0] - values[1]) / 2  # t(0.975, 1) * sd / sqrt(2), sd = |a - b| / sqrt(2)
+        assert r["rs_acceptance_rate"][2] - r["rs_acceptance_rate"][0] == pytest.approx(half)
+        diff = [a - b for a, b in zip(values, ce)]
+        assert r["rs_acceptance_rate_vs_ce"][0] == pytest.approx(sum(diff) / 2)
+        mean, low, high = r["rs_acceptance_rate"]
+        assert f"| {r['loss']} | {100 * mean:.1f}%" in table
+        assert (f"[{100 * low:.1f}, {100 * high:.1f}]" in table) == (low != high)
     # both heads started from the same initialisation and data: their step-1 metrics agree on chains
     first = [json.loads((tmp_path / "study" / "heads" / loss / "mtp_metrics.jsonl").read_text().splitlines()[0])
              for loss in ("ce", "e2e_tv")]

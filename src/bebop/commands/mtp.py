@@ -43,7 +43,8 @@ def _add_study(mtp_sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--n", type=int, default=64, help="test prompts for evaluation")
     p.add_argument("--num-samples", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0", help="comma-separated; each seed trains and measures one head per loss "
+                                                "(3 or more give 95%% intervals and paired differences to ce)")
     p.add_argument("--ce-warmup", type=float, default=0.0,
                    help="fraction of steps the non-ce heads first train with ce (0 = from scratch)")
     p.set_defaults(func=run_study)
@@ -57,9 +58,15 @@ def run_study(args: argparse.Namespace) -> None:
     unknown = [x for x in losses if x not in DRAFT_LOSSES]
     if unknown or not losses:
         raise BebopError(f"unknown loss(es) {unknown}; choose from {', '.join(DRAFT_LOSSES)}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise BebopError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise BebopError(f"--seeds must name distinct seeds, got {args.seeds!r}")
     rows = run_loss_study(args.model, args.out, task=args.task, losses=losses, steps=args.steps, depths=args.depths,
                           k=args.k, temperature=args.temperature, n_eval=args.n, num_samples=args.num_samples,
-                          seed=args.seed, ce_warmup=args.ce_warmup)
+                          seeds=seeds, ce_warmup=args.ce_warmup)
     for row in rows:
         print(json.dumps(row))
 
