@@ -2,12 +2,14 @@
 a small RLConfig, the metrics of a run."""
 
 import json
+import threading
 
 import torch
 
 from bebop.model import load_model
 from bebop.model.checkpoint import save_model
 from bebop.rl import RLConfig
+from bebop.rl.records import RolloutBatch
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
             head_dim=16, max_position_embeddings=256)
@@ -55,3 +57,16 @@ def rl_cfg(model, **kw):
 
 def read_metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+class GatedSampler:
+    """Returns empty batches; batch i is held until the test releases it."""
+
+    def __init__(self, n=6):
+        self.started = [threading.Event() for _ in range(n)]
+        self.release = [threading.Event() for _ in range(n)]
+
+    def collect(self, model, *, index, policy_version):
+        self.started[index].set()
+        assert self.release[index].wait(10)
+        return RolloutBatch([], 2, policy_version, index, 0.0, None, 0.0, 0.0)

@@ -3,7 +3,6 @@
 
 import copy
 import json
-import threading
 
 import pytest
 import torch
@@ -17,14 +16,13 @@ from bebop.policy import load_policy
 from bebop.rl import train_rl
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.mtp_online import make_online_mtp
-from bebop.rl.records import RolloutBatch
 from bebop.rl.sampler import RolloutSampler
 from bebop.rl.source import snapshot
 from bebop.rl.trainer import PolicyTrainer
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
 
-from rl_helpers import read_metrics, rl_cfg
+from rl_helpers import GatedSampler, read_metrics, rl_cfg
 
 METRIC_KEYS = {"step", "reward", "pass_rate", "entropy", "mean_acceptance_length", "acceptance_rate_per_position",
                "rollout_s", "train_s", "step_s", "generated_tokens", "tokens_per_s", "staleness", "policy_version",
@@ -58,19 +56,6 @@ def test_steps_run_end_to_end_and_write_metrics(headed, tmp_path, digit_reward, 
     changed = {n for n, t in start.state_dict().items() if not torch.equal(t, final.state_dict()[n])}
     assert any(not n.startswith("mtp.") for n in changed)  # the policy moved
     assert any(n.startswith("mtp.") for n in changed) == (mtp != "none")  # the head only with online MTP
-
-
-class GatedSampler:
-    """Returns empty batches; batch i is held until the test releases it."""
-
-    def __init__(self, n=6):
-        self.started = [threading.Event() for _ in range(n)]
-        self.release = [threading.Event() for _ in range(n)]
-
-    def collect(self, model, *, index, policy_version):
-        self.started[index].set()
-        assert self.release[index].wait(10)
-        return RolloutBatch([], 2, policy_version, index, 0.0, None, 0.0, 0.0)
 
 
 def test_async_drops_batches_older_than_max_staleness():

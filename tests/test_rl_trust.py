@@ -2,7 +2,6 @@
 async with --max-staleness 0 waits instead of dropping (== sync), the drafter alarm, the trainer's
 log-probs under the sampler's warping, and the metrics that were computed and dropped."""
 
-import threading
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from bebop.rl.sync_source import SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats
 from bebop.sampling import SamplingParams, warp_probs
 
-from rl_helpers import read_metrics, rl_cfg
+from rl_helpers import GatedSampler, read_metrics, rl_cfg
 
 TIMING = {"rollout_s", "wait_s", "train_s", "step_s", "tokens_per_s"}
 
@@ -54,19 +53,10 @@ def test_bad_update_counts(headed, tmp_path):
 
 # 2. async with max_staleness 0 waits for the publish
 
-class GatedSampler:
-    """Empty batches; records the start of each."""
-
-    def __init__(self, n=4):
-        self.started = [threading.Event() for _ in range(n)]
-
-    def collect(self, model, *, index, policy_version):
-        self.started[index].set()
-        return RolloutBatch([], 2, policy_version, index, 0.0, None, 0.0, 0.0)
-
-
 def test_async_staleness_zero_samples_only_after_the_publish():
     sampler = GatedSampler()
+    for event in sampler.release:  # batches return as soon as they start: only the source can hold them
+        event.set()
     model = nn.Linear(2, 2)
     source = AsyncSource(sampler, model, start_index=0, policy_version=0, max_staleness=0)
     try:

@@ -49,11 +49,14 @@ class SpecMetrics:
 
     def record_draft(self, num_accepted: int, k: int | None = None, entropies: Sequence[float] = ()) -> None:
         """One verified chain of k drafts of which the first num_accepted were kept; `entropies`: the
-        target's entropy at each depth the verification reached (1 .. min(k, num_accepted + 1))."""
+        target's entropy at depths 1, 2, ... (only read with a draft log, for the depths the
+        verification reached: 1 .. min(k, num_accepted + 1))."""
+        k = self.k if k is None else k
         if self.draft_log is not None:
-            self.draft_log += [(d + 1, h, d < num_accepted) for d, h in enumerate(entropies)]
+            reached = entropies[: min(k, num_accepted + 1)]
+            self.draft_log += [(d + 1, h, d < num_accepted) for d, h in enumerate(reached)]
         self.num_drafts += 1
-        self.num_draft_tokens += self.k if k is None else k
+        self.num_draft_tokens += k
         self.num_accepted_tokens += num_accepted
         for d in range(num_accepted):
             self.accepted_per_position[d] += 1

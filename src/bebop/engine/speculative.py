@@ -129,9 +129,7 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     run = _Run(model, prompts, k=max_k if isinstance(k, str) else k, mode=mode, max_new_tokens=max_new_tokens,
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
-               controller=controller if k == AUTO else None)
-    if log_drafts:
-        run.metrics.draft_log = []
+               controller=controller if k == AUTO else None, log_drafts=log_drafts)
     while run.live:
         run.step()
     return run.book.rows, run.metrics
@@ -158,7 +156,7 @@ class _Run:
 
     def __init__(self, model: CausalLM, prompts, *, k: int, mode: str, max_new_tokens: int, sampling, stop_ids,
                  generator, pad_id: int, observer, interrupt_ids, max_observation_tokens: int,
-                 controller: AdaptiveK | None) -> None:
+                 controller: AdaptiveK | None, log_drafts: bool = False) -> None:
         cfg = model.config
         self.model, self.k, self.mode, self.sampling = model, k, mode, sampling
         self.generator, self.pad_id, self.controller = generator, pad_id, controller
@@ -173,7 +171,7 @@ class _Run:
                                                        device=model.device)
         self.log = RefreshLog(len(prompts))
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
-        self.metrics = SpecMetrics(k)
+        self.metrics = SpecMetrics(k, draft_log=[] if log_drafts else None)
         self._leave_finished()
 
     def choose_k(self, can_draft: list[bool]) -> int:
@@ -248,8 +246,8 @@ class _Run:
             toks = [int(t) for t in host[i][: n_acc + 1]]
             ents = host[i][2 * (k + 1): 2 * (k + 1) + n_acc + 1]
             kept = self.book.emit(row, toks, host[i][k + 1: k + 2 + n_acc], ents)
-            if drafting[i]:  # depths 1 .. n_acc + 1 were verified; ents[d - 1] is H(p_d)
-                self.metrics.record_draft(n_acc, k, ents[: min(k, n_acc + 1)])
+            if drafting[i]:  # ents[d - 1] is H(p_d)
+                self.metrics.record_draft(n_acc, k, ents)
             self.metrics.record_emitted(ents[:kept])
             valid = pending[i] + toks[: kept - 1]  # tokens of this chunk now in the trunk cache
             self.trunk_len[i] += len(valid)

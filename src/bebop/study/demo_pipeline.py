@@ -121,10 +121,8 @@ class DemoConfig:
             raise BebopError(f"table_temperature {self.table_temperature} is not in temperatures {self.temperatures}")
         if not 0 <= self.rl_warmup_steps < self.rl_steps:
             raise BebopError(f"need 0 <= rl_warmup_steps < rl_steps, got {self.rl_warmup_steps} and {self.rl_steps}")
-        for cfg in self.head_configs().values():
-            cfg.validate()
-        for rl_cfg in self.rl_configs(Path(".")).values():
-            rl_cfg.validate()
+        self.head_configs()  # MTPTrainConfig and RLConfig check themselves when they are made
+        self.rl_configs(Path("."))
 
     def sft_config(self) -> SFTConfig:
         return SFTConfig(task=self.task, steps=self.policy_steps, batch_size=self.policy_batch_size,

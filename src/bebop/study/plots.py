@@ -22,6 +22,14 @@ def _integer_steps(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def _finish(fig, ax, title: str, path: Path) -> Path:
+    """Title, grid and legend of a single-axes figure, then save it."""
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -47,10 +55,7 @@ def plot_entropy_law(curves: Sequence[tuple[str, Sequence[float], Sequence[float
             ax.plot([], [], color=color, marker=markers[i % len(markers)], label=name)
     ax.set_xlabel("mean target entropy of emitted tokens (nats)")
     ax.set_ylabel("mean acceptance length (tokens per target forward)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, title, path)
 
 
 def plot_loss_table(losses: Sequence[str], rs: Sequence[float], to: Sequence[float], path: Path, title: str) -> Path:
@@ -83,10 +88,7 @@ def plot_binned_acceptance(curves: Sequence[tuple[str, Sequence[float], Sequence
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("target entropy at the draft's position (nats; quantile bins, symlog axis)")
     ax.set_ylabel("first-draft acceptance (95% Wilson interval)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, title, path)
 
 
 def plot_acceptance_per_position(runs: Sequence[tuple[str, Sequence[int], Sequence[Sequence[float]]]],
@@ -134,7 +136,4 @@ def plot_rewards(runs: Sequence[tuple[str, Sequence[int], Sequence[float]]], pat
     ax.set_xlabel("RL step")
     _integer_steps(ax)
     ax.set_ylabel("mean reward of the step's rollouts")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, title, path)
