@@ -1,13 +1,15 @@
 """The MTP draft head in the Qwen3-Next / Qwen3.5 layout (docs/method.md section 2).
 
-Inputs at position t: the trunk's last hidden state h_t (before the final norm) and the
+Inputs at position t: the trunk's last hidden state h_t AFTER the trunk's final norm and the
 embedding of the token at t+1 (embedding table and LM head shared with the trunk):
 
     x      = fc(concat[pre_fc_norm_embedding(e), pre_fc_norm_hidden(h_t)])   # 2H -> H, embedding first
-    x'     = layers[(depth - 1) % num_layers](x)                              # a trunk decoder layer, own KV cache
-    logits = lm_head(norm(x'))
+    x'     = norm(layers[(depth - 1) % num_layers](x))                        # a trunk decoder layer, own KV cache
+    logits = lm_head(x')
 
-Depth d+1 takes depth d's output x' (pre-norm) and the embedding of the token drafted at depth d.
+Depth d+1 takes depth d's output x' (after `norm`: the very tensor its logits came from) and the
+embedding of the token drafted at depth d. These are the semantics vLLM (`qwen3_next_mtp.py`,
+`qwen3_5_mtp.py`) and SGLang run, so a head trained here drafts there unchanged.
 
 KV-cache semantics (one cache row per sequence, positions like the trunk's): the entry at
 position s is written by the depth-1 input (h_s, e(x_{s+1})) -- the *refresh* after every
@@ -67,7 +69,7 @@ class MTPHead(nn.Module):
         hidden (B, T, H): trunk hidden (depth 1) or the previous depth's output;
         token_embeds (B, T, H): embeddings of the next tokens; num_new (B,): tokens kept per row.
         Depth 1 is the refresh: it runs every MTP layer so each layer's cache holds the history,
-        and returns layer 0's output. Returns (B, T, H) before `norm`."""
+        and returns layer 0's output. Returns (B, T, H) after `norm`."""
         x = self.combine(hidden, token_embeds)  # (B, T, H)
         positions = cache.positions(x.shape[1])  # (B, T)
         cfg = self.config
@@ -80,7 +82,7 @@ class MTPHead(nn.Module):
             ctx.mask = self._hide_other_layers(ctx.mask, positions, depth)
             out = self.layers[(depth - 1) % self.num_layers](x, ctx)
         cache.advance(num_new, x.shape[1])
-        return out
+        return self.norm(out)
 
     def _hide_other_layers(self, mask: torch.Tensor, positions: torch.Tensor, depth: int) -> torch.Tensor:
         """With L > 1 layers, a depth-d query must not see the chain entries that other layers

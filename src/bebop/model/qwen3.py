@@ -1,12 +1,12 @@
 """The Qwen3 dense causal LM (trunk + LM head), Hugging Face weight names.
 
     model = CausalLM(config)
-    hidden = model(input_ids, cache, num_new)   # (B, T, H): last hidden states, BEFORE the final norm
+    hidden = model(input_ids, cache, num_new)   # (B, T, H): last hidden states, AFTER the final norm
     logits = model.logits(hidden)               # (B, T, V)
 
 Without a cache, `forward` runs plain causal attention from position 0 (training, scoring).
 With a cache, the chunk is appended per row at each row's length (see kv_cache.py).
-The pre-norm hidden state is what an MTP head consumes (docs/method.md section 2).
+The normed hidden state is what an MTP head consumes, as vLLM and SGLang feed it (docs/method.md section 2).
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens(input_ids)
 
     def mtp_logits(self, mtp_hidden: torch.Tensor) -> torch.Tensor:
-        """MTP output (..., H) before its norm -> draft logits (..., V) float32 (shared LM head)."""
-        return self.lm_head(self.require_mtp().norm(mtp_hidden)).float()
+        """MTP output (..., H), after its norm -> draft logits (..., V) float32 (shared LM head)."""
+        return self.lm_head(mtp_hidden).float()
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         cfg = self.config
@@ -110,7 +110,7 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
                 num_new: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids (B, T) -> hidden (B, T, H) before the final norm.
+        """input_ids (B, T) -> hidden (B, T, H) after the final norm.
 
         With a cache, row b appends its first num_new[b] tokens (default: all T)."""
         b, t = input_ids.shape
@@ -130,8 +130,8 @@ class CausalLM(nn.Module):
             if num_new is None:
                 num_new = torch.full((b,), t, dtype=torch.long, device=input_ids.device)
             cache.advance(num_new, t)
-        return x
+        return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (..., H) before the final norm -> logits (..., V) in float32."""
-        return self.lm_head(self.model.norm(hidden)).float()
+        """hidden (..., H) after the final norm -> logits (..., V) in float32."""
+        return self.lm_head(hidden).float()

@@ -2,7 +2,8 @@
 
 For every position t of a sequence and depth d = 1..D (docs/method.md section 4):
 
-    input   hidden: h_t (trunk, pre-norm) for d = 1, else the depth d-1 output of chain t
+    input   hidden: h_t (trunk, after its final norm) for d = 1, else the depth d-1 output of chain t
+            (after the head's norm)
             token:  x_{t+d} (the data token; teacher forcing)
     layer   layers[(d-1) % L] at position t+d-1
     target  the trunk's distribution at position t+d (predicts x_{t+d+1})
@@ -64,9 +65,9 @@ def _layer_step(layer: DecoderLayer, x: torch.Tensor, offset: int, theta: float,
 
 
 def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.Tensor]) -> list[torch.Tensor]:
-    """hidden (B, T, H) trunk pre-norm states; token_embeds[d-1] (B, T, H) = embedding of x_{t+d}.
+    """hidden (B, T, H) trunk states (after the final norm); token_embeds[d-1] (B, T, H) = embedding of x_{t+d}.
 
-    Returns the head's output (before its norm) for each depth: D tensors (B, T, H)."""
+    Returns the head's output (after its norm) for each depth: D tensors (B, T, H)."""
     b, t, _ = hidden.shape
     theta = head.config.rope_theta
     num_layers = head.num_layers
@@ -85,6 +86,7 @@ def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.
             li = (depth - 1) % num_layers
             out, kv = _layer_step(layers[li], x, depth - 1, theta, memory[li], own[li])
             own[li].append(kv)
+        out = head.norm(out)  # (B, T, H): what the LM head reads and the next depth takes
         outputs.append(out)
         x_in = out
     return outputs

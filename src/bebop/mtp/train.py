@@ -105,7 +105,7 @@ def chain_distributions(policy: Policy, batch: ChainBatch, depths: int, temperat
     model = policy.model
     head = model.require_mtp()
     with torch.no_grad():
-        hidden = model(batch.ids)  # (B, T, H) pre-norm
+        hidden = model(batch.ids)  # (B, T, H) after the final norm
         target = torch.softmax(model.logits(hidden) / temperature, dim=-1)  # (B, T, V)
         targets = torch.stack([shifted(target, d, 0) for d in range(1, depths + 1)], dim=2)  # (B, T, D, V)
         embeds = [model.embed(shifted(batch.ids, d, policy.pad_id)) for d in range(1, depths + 1)]
