@@ -17,8 +17,9 @@ from bebop.errors import BebopError
 from bebop.study.demo_pipeline import DemoConfig, run_demo_pipeline, stage_policy
 from bebop.study.layout import DemoLayout
 
-PLOTS = {"loss_table.png", "entropy_law.png", "entropy_bins.png", "rl_step_time.png", "rl_reward.png", "rl_acceptance.png"}
-RUNS = ["sync-off", "sync-rs", "async-off", "async-rs"]
+PLOTS = {"loss_table.png", "entropy_law.png", "entropy_bins.png", "rl_step_time.png", "rl_reward.png", "rl_acceptance.png",
+         "rl_online.png", "rl_entropy.png"}
+RUNS = ["sync-off", "sync-rs", "sync-rs-online-ce", "async-off", "async-rs"]
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +176,43 @@ def test_every_table_number_is_the_saved_value(demo):
         assert same(r["difference"], statistics.mean(on) - statistics.mean(off)) and same(r["s.e."], se)
 
 
+def _slope_cell(xs, ys, scale=1.0) -> str:
+    """An independent least-squares slope with its 95% t-interval (numpy; t quantiles by df)."""
+    x, y = np.array(xs, dtype=float), np.array(ys, dtype=float)
+    slope, intercept = np.polyfit(x, y, 1)
+    se = math.sqrt(((y - (intercept + slope * x)) ** 2).sum() / (len(x) - 2) / ((x - x.mean()) ** 2).sum())
+    half = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}[len(x) - 2] * se
+    return f"{scale * slope:+.3f} [{scale * (slope - half):+.3f}, {scale * (slope + half):+.3f}]"
+
+
+def test_online_and_rl_entropy_sections_are_the_saved_values(demo):
+    t = tables((demo / "report.md").read_text())
+    online = metrics(demo, "sync-rs-online-ce")
+    assert all(r["mtp_loss"] is not None for r in online)  # the head was updated online
+    assert [(r["online run"], r["online MTP"]) for r in t["online run"]] == [("sync-rs", "none"),
+                                                                          ("sync-rs-online-ce", "ce")]
+    for r in t["online run"]:
+        rows = [m for m in metrics(demo, r["online run"]) if m["acceptance_rate"] is not None]
+        assert r["drafting steps"] == str(len(rows))
+        first, last = rows[0], rows[-1]  # 3 steps: a window of one step at each end
+        assert r["per position, first"] == " / ".join(f"{v:.3f}" for v in first["acceptance_rate_per_position"])
+        assert r["per position, last"] == " / ".join(f"{v:.3f}" for v in last["acceptance_rate_per_position"])
+        assert r["policy entropy first / last"] == f"{first['entropy']:.3f} / {last['entropy']:.3f}"
+        if len(rows) == 3:
+            assert r["first-draft trend per 10 steps [95%]"] == _slope_cell(
+                [m["step"] for m in rows], [m["acceptance_rate_per_position"][0] for m in rows], scale=10)
+    checked = 0
+    for r in t["speculative run"]:
+        rows = [m for m in metrics(demo, r["speculative run"]) if m["acceptance_rate"] is not None]
+        xs = [m["entropy"] for m in rows]
+        assert r["entropy range (nats)"] == f"{min(xs):.3f}-{max(xs):.3f}"
+        assert r["accept length per nat [95%]"] == _slope_cell(xs, [m["mean_acceptance_length"] for m in rows])
+        assert r["first-draft acceptance per nat [95%]"] == _slope_cell(
+            xs, [m["acceptance_rate_per_position"][0] for m in rows])
+        checked += 1
+    assert checked >= 1
+
+
 def test_stage_times_are_the_recorded_seconds(demo):
     text = (demo / "report.md").read_text()
     assert "**Miniature configuration**" in text
@@ -242,6 +280,15 @@ def test_another_config_in_the_same_directory_is_refused(demo):
         run_demo_pipeline(demo, replace(DemoConfig.miniature(), head_steps=9), progress=False)
 
 
+def test_config_file_sets_fields_over_the_miniature(demo, tmp_path, capsys):
+    (tmp_path / "study.toml").write_text('rl_steps = 4\nrl_online = ["ce", "e2e_tv"]\n')
+    assert main(["demo", "--miniature", "--no-progress", "--config", str(tmp_path / "study.toml"), "--out", str(demo)]) == 2
+    assert "differs in rl_online, rl_steps" in capsys.readouterr().err  # read, applied, then refused before any work
+    (tmp_path / "bad.toml").write_text("rl_stepz = 4\n")
+    assert main(["demo", "--miniature", "--config", str(tmp_path / "bad.toml"), "--out", str(demo)]) == 2
+    assert "unknown setting(s) rl_stepz" in capsys.readouterr().err
+
+
 def test_a_given_policy_is_reused_and_reported(demo, tmp_path):
     cfg = replace(DemoConfig.miniature(), policy=str(demo / "policy"))
     layout = DemoLayout(tmp_path / "other")
@@ -271,5 +318,7 @@ def test_full_default_sizes():
     cfg = DemoConfig()
     cfg.validate()
     assert cfg.losses == ("ce", "e2e_tv") and cfg.k == 3 and cfg.temperatures == (0.3, 0.5, 0.7, 1.0, 1.3)
-    assert set(cfg.rl_configs(Path("m"))) == {(m, s) for m in ("sync", "async") for s in ("off", "rs")}
+    runs = cfg.rl_configs(Path("m"))
+    assert set(runs) == {(m, s, "none") for m in ("sync", "async") for s in ("off", "rs")} | {("sync", "rs", "ce")}
+    assert runs[("sync", "rs", "ce")].mtp_update == "ce" and runs[("sync", "rs", "none")].mtp_update == "none"
     assert len({(c.seed, c.steps, c.group_size, c.batch_prompts) for c in cfg.rl_configs(Path("m")).values()}) == 1

@@ -9,7 +9,8 @@ bebop.study.layout for the files):
   2. heads   one MTP head per loss (ce, e2e_tv) from the same init, data, steps and seed
              (the loss study's pieces; resumed from mtp_train_state.pt)
   3. sweep   RS and TO acceptance of each head, and the mean target entropy, per temperature
-  4. rl      short GRPO runs, {sync, async} x {spec off, rs}, same seeds (train_rl resumes them)
+  4. rl      short GRPO runs, {sync, async} x {spec off, rs}, same seeds (train_rl resumes them),
+             and sync rs again with the head updated online by each strategy in `rl_online`
   5. report  DIR/report.md and DIR/plots/*.png, rebuilt from the results alone (`bebop report DIR`)
 """
 
@@ -90,6 +91,7 @@ class DemoConfig:
     rl_head: str = "e2e_tv"
     rl_modes: tuple = ("sync", "async")
     rl_specs: tuple = ("off", "rs")
+    rl_online: tuple = ("ce",)  # online MTP strategies run as sync rs beside the frozen head (report 5b)
     rl_steps: int = 8
     rl_group_size: int = 8
     rl_batch_prompts: int = 8
@@ -136,14 +138,17 @@ class DemoConfig:
                                      ce_warmup_steps=0 if loss == "ce" else int(self.head_ce_warmup * self.head_steps))
                 for loss in self.losses}
 
-    def rl_configs(self, model: Path) -> dict[tuple[str, str], RLConfig]:
-        return {(mode, spec): RLConfig(model=str(model), task=self.task, steps=self.rl_steps, mode=mode, spec=spec,
-                                       k=self.rl_k if spec != "off" else RLConfig.k, group_size=self.rl_group_size,
-                                       batch_prompts=self.rl_batch_prompts, max_new_tokens=self.rl_max_new_tokens,
-                                       seed=self.seed, save_every=self.rl_save_every,
-                                       rollout_threads=self.rl_rollout_threads if mode == "async" else 0,
-                                       train_threads=self.rl_train_threads if mode == "async" else 0)
-                for mode in self.rl_modes for spec in self.rl_specs}
+    def rl_configs(self, model: Path) -> dict[tuple[str, str, str], RLConfig]:
+        """(mode, spec, online MTP strategy) -> its run's config."""
+        runs = [(mode, spec, "none") for mode in self.rl_modes for spec in self.rl_specs]
+        runs += [("sync", "rs", update) for update in self.rl_online if update != "none"]
+        return {(mode, spec, update): RLConfig(
+            model=str(model), task=self.task, steps=self.rl_steps, mode=mode, spec=spec,
+            k=self.rl_k if spec != "off" else RLConfig.k, group_size=self.rl_group_size,
+            batch_prompts=self.rl_batch_prompts, max_new_tokens=self.rl_max_new_tokens, seed=self.seed,
+            save_every=self.rl_save_every, mtp_update=update,
+            rollout_threads=self.rl_rollout_threads if mode == "async" else 0,
+            train_threads=self.rl_train_threads if mode == "async" else 0) for mode, spec, update in runs}
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(asdict(self)))  # tuples -> lists, as read back from the file
@@ -245,11 +250,12 @@ def stage_sweep(layout: DemoLayout, cfg: DemoConfig, loss: str, progress: bool, 
 
 
 def stage_rl(layout: DemoLayout, rcfg: RLConfig, progress: bool, device: str) -> None:
-    run = layout.rl_dir(rcfg.mode, rcfg.spec)
+    run = layout.rl_dir(rcfg.mode, rcfg.spec, rcfg.mtp_update)
     if (run / FINAL_MODEL / "config.json").is_file():
         return
     resume = (run / RL_CONFIG_FILE).is_file()
-    say(f"{'resuming' if resume else 'running'} GRPO {rcfg.mode}, spec {rcfg.spec} in {run} ({rcfg.steps} steps, "
+    online = "" if rcfg.mtp_update == "none" else f", head updated online ({rcfg.mtp_update})"
+    say(f"{'resuming' if resume else 'running'} GRPO {rcfg.mode}, spec {rcfg.spec}{online} in {run} ({rcfg.steps} steps, "
         f"{rcfg.batch_prompts} prompts x {rcfg.group_size} samples)")
     train_rl(run, rcfg, resume=resume, progress=progress, device=device)
 

@@ -10,10 +10,12 @@ Written as alpha = a - b*H in the paper; here `slope` is -b and `intercept` is a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from bebop.errors import BebopError
+from bebop.study.intervals import t_quantile
 
 PAPER_SLOPES = {"to": -1.68, "rs+ce": -1.68, "rs+tv": -0.06}
 
@@ -50,3 +52,16 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> LinearFit:
     ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, ys))
     r2 = 1.0 if ss_tot == 0 else 1.0 - ss_res / ss_tot
     return LinearFit(slope, intercept, r2, n)
+
+
+def slope_interval(xs: Sequence[float], ys: Sequence[float]) -> tuple[LinearFit, float, float]:
+    """(fit, low, high): the least-squares line and the 95% t-interval of its slope (n - 2 degrees
+    of freedom, residuals taken as independent; needs at least 3 points)."""
+    fit = fit_line(xs, ys)
+    if fit.n < 3:
+        raise BebopError(f"a slope interval needs at least 3 points, got {fit.n}")
+    mx = sum(xs) / fit.n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    ss_res = sum((y - fit.predict(x)) ** 2 for x, y in zip(xs, ys))
+    half = t_quantile(fit.n - 2) * math.sqrt(ss_res / (fit.n - 2) / sxx)
+    return fit, fit.slope - half, fit.slope + half

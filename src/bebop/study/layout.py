@@ -9,6 +9,7 @@
     DIR/results/head-<loss>.json the head's training summary
     DIR/results/sweep-<loss>.json acceptance and entropy per (mode, temperature) for that head
     DIR/rl/<mode>-<spec>/        one GRPO run: config.json, metrics.jsonl, model/ when finished
+    DIR/rl/sync-rs-online-<u>/   the same run as sync-rs with the head updated online (strategy u)
     DIR/report.md, DIR/plots/*.png   rebuilt from the files above by `bebop report DIR`
 
 Every results file is written atomically once its stage is complete, so "the file exists" means
@@ -23,6 +24,7 @@ from pathlib import Path
 CONFIG_FILE = "demo_config.json"
 REPORT_FILE = "report.md"
 PLOTS_DIR = "plots"
+ONLINE_TAG = "-online-"
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,8 @@ class DemoLayout:
     def sweep_result(self, loss: str) -> Path:
         return self.results / f"sweep-{loss}.json"
 
-    def rl_dir(self, mode: str, spec: str) -> Path:
-        return self.root / "rl" / rl_name(mode, spec)
+    def rl_dir(self, mode: str, spec: str, update: str = "none") -> Path:
+        return self.root / "rl" / rl_name(mode, spec, update)
 
     @property
     def report(self) -> Path:
@@ -77,5 +79,6 @@ class DemoLayout:
         return self.root / PLOTS_DIR
 
 
-def rl_name(mode: str, spec: str) -> str:
-    return f"{mode}-{spec}"
+def rl_name(mode: str, spec: str, update: str = "none") -> str:
+    """<mode>-<spec>, and -online-<strategy> for a run that updates its head online (RLConfig.mtp_update)."""
+    return f"{mode}-{spec}" + ("" if update == "none" else f"{ONLINE_TAG}{update}")

@@ -38,7 +38,7 @@ def _save(fig, path: Path) -> Path:
 
 
 def plot_entropy_law(curves: Sequence[tuple[str, Sequence[float], Sequence[float], LinearFit | None]],
-                     path: Path, title: str) -> Path:
+                     path: Path, title: str, xlabel: str = "mean target entropy of emitted tokens (nats)") -> Path:
     """curves: (label, entropies, accept lengths, fitted line); one marker series + line each."""
     fig = Figure(figsize=(6.4, 4.6))
     ax = fig.add_subplot()
@@ -53,7 +53,7 @@ def plot_entropy_law(curves: Sequence[tuple[str, Sequence[float], Sequence[float
             ax.plot([lo, hi], [fit.predict(lo), fit.predict(hi)], style, color=color, label=name)
         else:
             ax.plot([], [], color=color, marker=markers[i % len(markers)], label=name)
-    ax.set_xlabel("mean target entropy of emitted tokens (nats)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("mean acceptance length (tokens per target forward)")
     return _finish(fig, ax, title, path)
 
@@ -137,3 +137,20 @@ def plot_rewards(runs: Sequence[tuple[str, Sequence[int], Sequence[float]]], pat
     _integer_steps(ax)
     ax.set_ylabel("mean reward of the step's rollouts")
     return _finish(fig, ax, title, path)
+
+
+def plot_online(runs: Sequence[tuple[str, Sequence[int], Sequence[float], Sequence[float]]], path: Path,
+                title: str) -> Path:
+    """runs: (online strategy, steps, first-draft acceptance, mean accept length); two panels, one line per run."""
+    fig = Figure(figsize=(10.4, 4.0))
+    for i, label in enumerate(("first-draft acceptance (accepted / drafts)", "mean acceptance length")):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for j, (name, steps, first, length) in enumerate(runs):
+            ax.plot(steps, first if i == 0 else length, marker="o", color=f"C{j}", label=name)
+        ax.set_xlabel("RL step")
+        _integer_steps(ax)
+        ax.set_ylabel(label)
+        ax.set_title(title if i == 0 else "", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, title="online MTP")
+    return _save(fig, path)

@@ -11,91 +11,16 @@ it was measured.
 
 from __future__ import annotations
 
-import json
-import math
-import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from bebop.errors import BebopError
 from bebop.fileio import atomic_write_text
-from bebop.jsonl import read_jsonl
 from bebop.study.entropy_law import PAPER_SLOPES, LinearFit, fit_line
 from bebop.study.layout import DemoLayout
+from bebop.study.report_format import f3, missing, per_pos, table
+from bebop.study.report_rl import section_online, section_rl, section_rl_entropy, write_rl_plots
+from bebop.study.results import MODE_NAMES, TV_LOSSES, DemoResults, load_results
 
-BASELINE_RUN = "sync-off"
-TV_LOSSES = ("tv", "e2e_tv")
-MODE_NAMES = {"rs": "RS", "to": "TO"}
-RUN_MODES = ("sync", "async")
-RUN_SPECS = ("off", "to", "rs")
-
-
-@dataclass
-class RLRun:
-    name: str  # <mode>-<spec>
-    config: dict  # RUN_DIR/config.json
-    rows: list[dict]  # RUN_DIR/metrics.jsonl
-    log: str  # the metrics file, relative to the demo directory
-    finished: bool  # every configured step is in metrics.jsonl
-
-
-@dataclass
-class DemoResults:
-    root: Path
-    config: dict = field(default_factory=dict)
-    policy: dict | None = None
-    heads: dict[str, dict] = field(default_factory=dict)
-    sweeps: dict[str, dict] = field(default_factory=dict)
-    rl: dict[str, RLRun] = field(default_factory=dict)
-
-    @property
-    def losses(self) -> list[str]:
-        order = list(self.config.get("losses", []))
-        return order + sorted((set(self.sweeps) | set(self.heads)) - set(order))
-
-    @property
-    def warmup(self) -> int:
-        return int(self.config.get("rl_warmup_steps", 1))
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise BebopError(f"{path} is not valid JSON ({exc.msg})") from None
-
-
-def load_results(root: str | Path) -> DemoResults:
-    layout = DemoLayout(Path(root))
-    if not layout.root.is_dir():
-        raise BebopError(f"no such directory: {layout.root}")
-    res = DemoResults(layout.root)
-    if layout.config.is_file():
-        res.config = _read_json(layout.config)
-    if layout.policy_result.is_file():
-        res.policy = _read_json(layout.policy_result)
-    for path in sorted(layout.results.glob("head-*.json")):
-        res.heads[path.stem.removeprefix("head-")] = _read_json(path)
-    for path in sorted(layout.results.glob("sweep-*.json")):
-        res.sweeps[path.stem.removeprefix("sweep-")] = _read_json(path)
-    rl_root = layout.root / "rl"
-    for run in sorted(rl_root.glob("*/metrics.jsonl"), key=lambda p: _run_order(p.parent.name)):
-        run_dir = run.parent
-        cfg = _read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
-        rows = sorted(read_jsonl(run, required=("step", "reward", "step_s", "rollout_s", "train_s")),
-                      key=lambda r: r["step"])
-        finished = bool(rows) and rows[-1]["step"] >= cfg.get("steps", math.inf)  # every configured step logged
-        res.rl[run_dir.name] = RLRun(run_dir.name, cfg, rows, str(run.relative_to(layout.root)), finished)
-    if not (res.config or res.policy or res.heads or res.sweeps or res.rl):
-        raise BebopError(f"{layout.root} holds no demo results (no demo_config.json, results/ or rl/*/metrics.jsonl)")
-    return res
-
-
-def _run_order(name: str) -> tuple:
-    """sync before async, spec off before to before rs, then by name."""
-    mode, _, spec = name.partition("-")
-    return (RUN_MODES.index(mode) if mode in RUN_MODES else 9, RUN_SPECS.index(spec) if spec in RUN_SPECS else 9, name)
+__all__ = ["load_results", "render_markdown", "write_report"]
 
 
 # ---- statistics of the saved results ----------------------------------------------------------
@@ -129,56 +54,12 @@ def paper_slope(mode: str, loss: str) -> float | None:
     return None
 
 
-@dataclass(frozen=True)
-class StepTimes:
-    timed_steps: list[int]  # the steps after warmup that the medians are over
-    step_s: float
-    rollout_s: float
-    train_s: float
-    wait_s: float
-
-
-def step_times(run: RLRun, warmup: int) -> StepTimes | None:
-    rows = [r for r in run.rows if r["step"] > warmup] or run.rows
-    if not rows:
-        return None
-    med = lambda key: statistics.median(r.get(key, 0.0) for r in rows)  # noqa: E731
-    return StepTimes([r["step"] for r in rows], med("step_s"), med("rollout_s"), med("train_s"), med("wait_s"))
-
-
-def mean_se(values: Sequence[float]) -> tuple[float, float]:
-    """The mean and its standard error (0 for a single value)."""
-    m = sum(values) / len(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
-    return m, se
-
-
 # ---- markdown ----------------------------------------------------------------------------------
-
-def f3(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def f2(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
-
-
-def per_pos(values: Sequence[float]) -> str:
-    return " / ".join(f"{v:.3f}" for v in values) if values else "n/a"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
-
-
-def _missing(what: str) -> list[str]:
-    return [f"_Not run yet: {what}._", ""]
-
 
 def section_policy(res: DemoResults) -> list[str]:
     lines = ["## 1. Policy", ""]
     if res.policy is None:
-        return lines + _missing("results/policy.json")
+        return lines + missing("results/policy.json")
     p = res.policy
     lines += [f"The {p['task']} policy in `{p['model_dir']}` was **{p['source']}**"
               + (f": SFT for {p['sft_steps']} steps, final training loss {f3(p['sft_final_loss'])} "
@@ -202,7 +83,7 @@ def section_loss_table(res: DemoResults) -> list[str]:
                      f3(rs["mean_entropy"]), f3(head.get("final_loss"))])
         sources.append(loss)
     if not rows:
-        return lines + _missing("results/sweep-<loss>.json")
+        return lines + missing("results/sweep-<loss>.json")
     meta = res.sweeps[sources[0]]["meta"]
     hcfg = res.heads.get(sources[0], {}).get("config", {})
     train = (f"Heads trained {hcfg['steps']} steps over {hcfg['depths']} depths on {hcfg['num_samples']} "
@@ -211,7 +92,7 @@ def section_loss_table(res: DemoResults) -> list[str]:
               f"{meta['n']} {meta['split']} prompts (seed {meta['seed']}, at most {meta['max_new_tokens']} new tokens); "
               "acceptance rate = accepted / drafted tokens, mean accept length = 1 + accepted / drafts. "
               "Source: `results/sweep-<loss>.json`, rows at this temperature.", ""]
-    lines += _table(["head loss", "RS acceptance", "TO acceptance", "RS mean accept length", "TO mean accept length",
+    lines += table(["head loss", "RS acceptance", "TO acceptance", "RS mean accept length", "TO mean accept length",
                      "RS per position", "mean entropy (nats)", "final train loss"], rows)
     return lines + ["", "![loss table](plots/loss_table.png)", ""]
 
@@ -226,13 +107,13 @@ def section_sweep(res: DemoResults) -> list[str]:
                              f3(p["acceptance_rate"]), f3(p["mean_acceptance_length"]),
                              per_pos(p["acceptance_rate_per_position"]), f3(p["pass_rate"])])
     if not rows:
-        return lines + _missing("results/sweep-<loss>.json")
+        return lines + missing("results/sweep-<loss>.json")
     meta = next(iter(res.sweeps.values()))["meta"]
     lines += [f"Each row: speculative generation on the same {meta['n']} {meta['split']} prompts with the same "
               f"generator seed ({meta['seed']}), K={meta['k']}; mean entropy is the target's entropy at that "
               "temperature averaged over emitted tokens; pass rate is the task reward of those generations. "
               "Source: `results/sweep-<loss>.json`.", ""]
-    return lines + _table(["head", "mode", "T", "mean entropy (nats)", "acceptance rate", "mean accept length",
+    return lines + table(["head", "mode", "T", "mean entropy (nats)", "acceptance rate", "mean accept length",
                            "per position", "pass rate"], rows) + [""]
 
 
@@ -240,7 +121,7 @@ def section_entropy_law(res: DemoResults) -> list[str]:
     lines = ["## 4. Acceptance against entropy", ""]
     fits = entropy_fits(res)
     if not fits:
-        return lines + _missing("results/sweep-<loss>.json")
+        return lines + missing("results/sweep-<loss>.json")
     rows = []
     for mode, loss, pts, fit in fits:
         paper = paper_slope(mode, loss)
@@ -250,7 +131,7 @@ def section_entropy_law(res: DemoResults) -> list[str]:
     lines += ["Least-squares line mean accept length = intercept + slope × mean entropy over the temperature "
               "sweep's points (one per temperature, from `results/sweep-<loss>.json`). The paper's slopes: "
               "about -1.68 for TO and for RS with a CE head, about -0.06 for RS with a TV head.", ""]
-    return lines + _table(["curve", "slope (per nat)", "intercept", "r²", "points", "paper slope"], rows) + \
+    return lines + table(["curve", "slope (per nat)", "intercept", "r²", "points", "paper slope"], rows) + \
         ["", "![acceptance against entropy](plots/entropy_law.png)", ""]
 
 
@@ -265,7 +146,7 @@ def section_entropy_per_token(res: DemoResults) -> list[str]:
     lines = ["## 4b. The entropy law per token", ""]
     curves = per_token_curves(res)
     if not curves:
-        return lines + _missing("entropy bins in results/sweep-<loss>.json (a sweep run with entropy_bins > 0)")
+        return lines + missing("entropy bins in results/sweep-<loss>.json (a sweep run with entropy_bins > 0)")
     rows, slopes = [], {}
     for mode, loss, p in curves:
         s = p.get("first_draft_slope")
@@ -277,7 +158,7 @@ def section_entropy_per_token(res: DemoResults) -> list[str]:
               "position (quantile bins). Slope: least squares of the 0/1 acceptance on entropy over the drafts "
               "(acceptance probability per nat), with a 95% bootstrap interval; the paper's slopes are in accept "
               "length per nat over RL steps, so compare ratios between curves, not raw numbers.", ""]
-    lines += _table(["rule + head", "T", "first-draft slope per nat [95% interval]", "drafts",
+    lines += table(["rule + head", "T", "first-draft slope per nat [95% interval]", "drafts",
                      "first-draft acceptance by entropy bin (low to high)"], rows) + [""]
     lines += _slope_ratio_lines(slopes)
     return lines + ["![first-draft acceptance by entropy bin](plots/entropy_bins.png)", ""]
@@ -298,7 +179,7 @@ def section_diagnostics(res: DemoResults) -> list[str]:
     lines = ["## 4c. Draft against target, per depth (the paper's Fig. 11)", ""]
     heads = [(loss, res.sweeps[loss]["diagnostics"]) for loss in res.losses if res.sweeps.get(loss, {}).get("diagnostics")]
     if not heads:
-        return lines + _missing("diagnostics in results/sweep-<loss>.json")
+        return lines + missing("diagnostics in results/sweep-<loss>.json")
     t = float(res.config.get("table_temperature", 1.0))
     rows = [[loss, str(r["depth"]), f3(r["kl"]), f"{r['entropy_gap']:+.3f}", f3(r["alpha"]), f3(r["alpha_p_gt_q"]),
              f3(r["alpha_q_gt_p"]), str(r["chains"])] for loss, diag in heads for r in diag]
@@ -306,73 +187,8 @@ def section_diagnostics(res: DemoResults) -> list[str]:
               f"T={t:g}: p the trunk's distribution, q the head's. alpha = sum min(p, q) = 1 - TV is the RS acceptance "
               "probability; it splits into the mass of tokens the head under-proposes (p > q) and over-proposes "
               "(q >= p). The paper: a ce head spreads q (positive entropy gap), a tv head concentrates it.", ""]
-    return lines + _table(["draft head", "depth", "KL(p‖q)", "H(q) - H(p)", "alpha", "alpha p>q", "alpha q>=p",
+    return lines + table(["draft head", "depth", "KL(p‖q)", "H(q) - H(p)", "alpha", "alpha p>q", "alpha q>=p",
                            "chains"], rows) + [""]
-
-
-def section_rl(res: DemoResults) -> list[str]:
-    lines = ["## 5. GRPO: step time, speedup, acceptance, reward", ""]
-    if not res.rl:
-        return lines + _missing("rl/<mode>-<spec>/metrics.jsonl")
-    w = res.warmup
-    times = {name: step_times(run, w) for name, run in res.rl.items()}
-    base = times.get(BASELINE_RUN)
-    configs = [run.config for run in res.rl.values()]
-    any_cfg = next((c for c in configs if c and c.get("spec", "off") != "off"), configs[0])  # K of a drafting run
-    rows = []
-    for name, run in res.rl.items():
-        st = times[name]
-        if st is None:
-            continue
-        speedup = base.step_s / st.step_s if base is not None and st.step_s > 0 else None
-        reward = sum(r["reward"] for r in run.rows) / len(run.rows)
-        accept = sum(r["mean_acceptance_length"] for r in run.rows) / len(run.rows)
-        rows.append([name, f"{len(run.rows)}" + ("" if run.finished else " (unfinished)"),
-                     f"{st.timed_steps[0]}-{st.timed_steps[-1]}", f3(st.step_s), f3(st.rollout_s), f3(st.wait_s),
-                     f3(st.train_s), f2(speedup), f3(reward), f3(accept)])
-    if any_cfg:
-        lines += [f"Runs from the `{Path(any_cfg.get('model', '?')).name}` head's model: {any_cfg.get('batch_prompts')} "
-                  f"prompts × {any_cfg.get('group_size')} samples per step, at most {any_cfg.get('max_new_tokens')} new "
-                  f"tokens, T={any_cfg.get('temperature')}, K={any_cfg.get('k')} when speculating, seed "
-                  f"{any_cfg.get('seed')} for every run.", ""]
-    lines += [f"Times are medians over the steps in the 'timed steps' column (after {w} warmup step(s)) of each "
-              "run's `rl/<run>/metrics.jsonl`: rollout_s is generation time, wait_s the time the trainer waited "
-              "for a batch (async: less than rollout_s when generation overlaps training), train_s the update "
-              f"and weight sync, step_s the wall time per step. Speedup = median step_s of {BASELINE_RUN} / "
-              "median step_s of the run. Reward and mean accept length are means over all logged steps.", ""]
-    lines += _table(["run", "steps", "timed steps", "step_s", "rollout_s", "wait_s", "train_s",
-                     f"speedup vs {BASELINE_RUN}", "mean reward", "mean accept length"], rows)
-    lines += ["", "![RL step time](plots/rl_step_time.png)", ""]
-    lines += section_lossless(res)
-    if any(r.get("acceptance_rate_per_position") for run in res.rl.values() for r in run.rows):
-        lines += ["Per-position acceptance of every speculative run at each step (`acceptance_rate_per_position` "
-                  "in its metrics.jsonl: accepted at depth d / drafts).", "",
-                  "![per-position acceptance over RL steps](plots/rl_acceptance.png)", ""]
-    return lines
-
-
-def section_lossless(res: DemoResults) -> list[str]:
-    """Reward with and without speculation, per mode: lossless decoding means they agree."""
-    rows = []
-    for mode in ("sync", "async"):
-        off = res.rl.get(f"{mode}-off")
-        for spec in ("rs", "to"):
-            on = res.rl.get(f"{mode}-{spec}")
-            if off is None or on is None or not off.rows or not on.rows:
-                continue
-            m_off, se_off = mean_se([r["reward"] for r in off.rows])
-            m_on, se_on = mean_se([r["reward"] for r in on.rows])
-            diff, se = m_on - m_off, math.hypot(se_off, se_on)
-            agree = abs(diff) <= 2 * se + 1e-12
-            rows.append([mode, spec, f3(m_off), f3(m_on), f"{diff:+.3f}", f3(se), "yes" if agree else "no"])
-    lines = ["### Reward with and without speculation", ""]
-    if not rows:
-        return lines + _missing("a spec-off and a speculative run of the same mode")
-    lines += ["Mean reward per step over all logged steps, and the standard error of the difference (per-step "
-              "means treated as independent). Speculative decoding is lossless, so the curves should agree within "
-              "noise; same seeds, but not token for token (the draft consumes random numbers).", ""]
-    return lines + _table(["mode", "spec", "reward (spec off)", "reward (spec on)", "difference", "s.e.", "within 2 s.e."],
-                          rows) + ["", "![reward curves](plots/rl_reward.png)", ""]
 
 
 def section_stage_times(res: DemoResults) -> list[str]:
@@ -396,7 +212,7 @@ def section_stage_times(res: DemoResults) -> list[str]:
         return []
     return ["## 6. Where the time went", "",
             "Seconds of the run that completed each stage (a stage resumed after a kill counts only its last "
-            "part).", ""] + _table(["stage", "seconds", "what was timed", "source"], rows) + [""]
+            "part).", ""] + table(["stage", "seconds", "what was timed", "source"], rows) + [""]
 
 
 def render_markdown(res: DemoResults) -> str:
@@ -411,7 +227,8 @@ def render_markdown(res: DemoResults) -> str:
                  f"RL {cfg.get('rl_steps')} steps per run. The full configuration: `demo_config.json`.", ""]
     head += ["Rebuild this page from the results saved beside it (nothing is rerun): `bebop report DIR`.", ""]
     body = section_policy(res) + section_loss_table(res) + section_sweep(res) + section_entropy_law(res) + \
-        section_entropy_per_token(res) + section_diagnostics(res) + section_rl(res) + section_stage_times(res)
+        section_entropy_per_token(res) + section_diagnostics(res) + section_rl(res) + section_online(res) + \
+        section_rl_entropy(res) + section_stage_times(res)
     return "\n".join(head + body).rstrip() + "\n"
 
 
@@ -422,12 +239,12 @@ def write_plots(res: DemoResults, plots: Path) -> list[Path]:
 
     out = []
     t = float(res.config.get("table_temperature", 1.0))
-    table = [(loss, {p["mode"]: p for p in res.sweeps[loss]["rows"] if p["temperature"] == t})
+    cells = [(loss, {p["mode"]: p for p in res.sweeps[loss]["rows"] if p["temperature"] == t})
              for loss in res.losses if loss in res.sweeps]
-    table = [(loss, m) for loss, m in table if {"rs", "to"} <= set(m)]
-    if table:
-        out.append(P.plot_loss_table([x for x, _ in table], [m["rs"]["acceptance_rate"] for _, m in table],
-                                     [m["to"]["acceptance_rate"] for _, m in table], plots / "loss_table.png",
+    cells = [(loss, m) for loss, m in cells if {"rs", "to"} <= set(m)]
+    if cells:
+        out.append(P.plot_loss_table([x for x, _ in cells], [m["rs"]["acceptance_rate"] for _, m in cells],
+                                     [m["to"]["acceptance_rate"] for _, m in cells], plots / "loss_table.png",
                                      f"Acceptance per head loss (T={t:g})"))
     fits = entropy_fits(res)
     if fits:
@@ -445,23 +262,7 @@ def write_plots(res: DemoResults, plots: Path) -> list[Path]:
                                [d["rate"] for d in first], [d["low"] for d in first], [d["high"] for d in first]))
         out.append(P.plot_binned_acceptance(bin_curves, plots / "entropy_bins.png",
                                             "First-draft acceptance against the target's entropy, per token"))
-    runs = {n: r for n, r in res.rl.items() if r.rows}
-    if runs:
-        maybe_times = {n: step_times(r, res.warmup) for n, r in runs.items()}
-        times = {n: st for n, st in maybe_times.items() if st is not None}  # all of them: every run has rows
-        names = list(times)
-        out.append(P.plot_step_time(names, [times[n].rollout_s for n in names], [times[n].train_s for n in names],
-                                    [times[n].step_s for n in names], plots / "rl_step_time.png",
-                                    f"GRPO step time (medians after {res.warmup} warmup step(s))"))
-        out.append(P.plot_rewards([(n, [r["step"] for r in run.rows], [r["reward"] for r in run.rows])
-                                   for n, run in runs.items()], plots / "rl_reward.png",
-                                  "Reward with and without speculative rollouts"))
-        spec_runs = [(n, [r["step"] for r in run.rows], [r["acceptance_rate_per_position"] for r in run.rows])
-                     for n, run in runs.items() if any(r.get("acceptance_rate_per_position") for r in run.rows)]
-        if spec_runs:
-            out.append(P.plot_acceptance_per_position(spec_runs, plots / "rl_acceptance.png",
-                                                      "Per-position acceptance"))
-    return out
+    return out + write_rl_plots(res, plots)
 
 
 def write_report(root: str | Path, *, plots: bool = True) -> Path:
