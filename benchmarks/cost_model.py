@@ -36,10 +36,7 @@ def acceptance(policy, prompts, max_k: int, tokens: int) -> AcceptanceEstimate:
     _, metrics = speculative_generate(policy.model, prompts, k=max_k, mode="rs", max_new_tokens=tokens,
                                       sampling=SamplingParams(1.0), generator=torch.Generator().manual_seed(0))
     survive = [1.0] + metrics.acceptance_rate_per_position  # P(depth d accepted) = prod_{i<=d} alpha_i
-    est = AcceptanceEstimate(max_k)
-    est.reached = [1e9] * max_k
-    est.accepted = [1e9 * (survive[d + 1] / survive[d] if survive[d] else 0.0) for d in range(max_k)]
-    return est
+    return AcceptanceEstimate.constant([survive[d + 1] / survive[d] if survive[d] else 0.0 for d in range(max_k)])
 
 
 def speedup(policy, prompts, k: int, tokens: int, runs: int) -> float:

@@ -46,6 +46,14 @@ class AcceptanceEstimate:
         self.reached = [0.0] * max_k  # decayed count of drafts verified at depth d (d-1 accepted)
         self.accepted = [0.0] * max_k  # ... of which accepted
 
+    @classmethod
+    def constant(cls, rates: list[float]) -> AcceptanceEstimate:
+        """An estimate fixed at these conditional rates per depth (what-if studies: benchmarks)."""
+        est = cls(len(rates))
+        est.reached = [1e9] * len(rates)  # the prior weighs nothing against this evidence
+        est.accepted = [1e9 * a for a in rates]
+        return est
+
     def observe(self, k: int, accepted: list[int]) -> None:
         self.reached = [r * DECAY for r in self.reached]
         self.accepted = [a * DECAY for a in self.accepted]
@@ -82,9 +90,20 @@ class AdaptiveK:
         """Predicted emitted tokens per second per row."""
         return self.acceptance.expected_tokens(k) / self.costs.predict(rows, k)
 
+    def best_draft(self, rows: int) -> int:
+        """The k >= 1 of highest predicted throughput at `rows` live rows."""
+        return max(range(1, self.max_k + 1), key=lambda k: self.throughput(rows, k))
+
+    def best(self, rows: int) -> int:
+        """The rule on its estimates alone: the best k, or 0 unless drafting beats plain steps by DRAFT_MARGIN."""
+        k = self.best_draft(rows)
+        return k if self.throughput(rows, k) > DRAFT_MARGIN * self.throughput(rows, 0) else 0
+
     def choose(self, rows: int) -> int:
+        """`best`, with plain and drafting steps each measured first and re-probed every PROBE_EVERY steps
+        in a bucket (so the cost ratios stay current); only probes while suspended."""
         bucket = rows_bucket(rows)
-        best_draft = max(range(1, self.max_k + 1), key=lambda k: self.throughput(rows, k))
+        best_draft = self.best_draft(rows)
         if self.suspended:  # drafting only often enough to see the head recover
             last = self.last_measured.setdefault((bucket, True), self.steps)
             return best_draft if self.steps - last > PROBE_EVERY else 0
@@ -94,7 +113,7 @@ class AdaptiveK:
             last = self.last_measured.setdefault((bucket, drafting), self.steps)  # a new bucket borrows
             if self.steps - last > PROBE_EVERY:
                 return k
-        return best_draft if self.throughput(rows, best_draft) > DRAFT_MARGIN * self.throughput(rows, 0) else 0
+        return self.best(rows)
 
     def observe(self, rows: int, k: int, seconds: float, accepted: list[int]) -> None:
         """After a decode step over `rows` live rows with k drafts: its wall time and each drafting

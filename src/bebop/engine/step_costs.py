@@ -29,6 +29,7 @@ import weakref
 import torch
 
 from bebop.engine.metrics import rows_bucket
+from bebop.model.kv_cache import KVCache
 from bebop.model.qwen3 import CausalLM
 
 PROFILE_CONTEXT = 64  # cached positions the profiled forwards attend over
@@ -121,9 +122,9 @@ def profile(model: CausalLM, *, max_rows: int, max_k: int) -> StepCosts:
     trunk, mtp = {}, {}
     for rows in profile_rows(max_rows):
         for t in (1, max_k + 1):
-            trunk[(rows, t)] = _best_of(lambda: _trunk_forward(model, rows, t))
+            trunk[(rows, t)] = _best_of(lambda: trunk_forward(model, rows, t))
         if model.mtp is not None:
-            mtp[rows] = _best_of(lambda: _mtp_step(model, rows))
+            mtp[rows] = _best_of(lambda: mtp_step(model, rows))
     return StepCosts(trunk, mtp or {1: 0.0}, max_k)
 
 
@@ -137,20 +138,26 @@ def _best_of(run, repeats: int = 2) -> float:
     return min(times)
 
 
-def _trunk_forward(model: CausalLM, rows: int, t: int) -> None:
-    cache = model.new_cache(rows, PROFILE_CONTEXT + t)
-    cache.span = PROFILE_CONTEXT
-    cache.lengths.fill_(PROFILE_CONTEXT)
+def trunk_forward(model: CausalLM, rows: int, t: int, context: int = PROFILE_CONTEXT,
+                  cache: KVCache | None = None) -> None:
+    """One cached trunk forward and LM head over rows x t new tokens after `context` cached positions
+    (a decode step at t = 1, a verify of k drafts at t = k + 1), ending in the host sync a step pays.
+    `cache`: a trunk cache of `rows` rows and capacity >= context + t to reuse (else one is made)."""
+    cache = cache if cache is not None else model.new_cache(rows, context + t)
+    cache.span = context
+    cache.lengths.fill_(context)
     ids = torch.zeros(rows, t, dtype=torch.long, device=model.device)  # (R, t)
     hidden = model(ids, cache)  # (R, t, H)
     model.logits(hidden).sum().item()  # the host sync a step pays
 
 
-def _mtp_step(model: CausalLM, rows: int) -> None:
+def mtp_step(model: CausalLM, rows: int, context: int = PROFILE_CONTEXT, cache: KVCache | None = None) -> None:
+    """One cached MTP draft step (depth 2: one layer) over `rows` rows and its draft distribution.
+    `cache`: a head cache of `rows` rows and capacity >= context + 1 to reuse (else one is made)."""
     mtp = model.require_mtp()
-    cache = mtp.new_cache(rows, PROFILE_CONTEXT + 1, dtype=model.dtype, device=model.device)
-    cache.span = PROFILE_CONTEXT
-    cache.lengths.fill_(PROFILE_CONTEXT)
+    cache = cache if cache is not None else mtp.new_cache(rows, context + 1, dtype=model.dtype, device=model.device)
+    cache.span = context
+    cache.lengths.fill_(context)
     ids = torch.zeros(rows, 1, dtype=torch.long, device=model.device)  # (R, 1)
     hidden = torch.zeros(rows, 1, model.config.hidden_size, dtype=model.dtype, device=model.device)  # (R, 1, H)
     out = mtp(hidden, model.embed(ids), 2, cache, torch.ones(rows, dtype=torch.long, device=model.device))
