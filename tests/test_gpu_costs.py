@@ -38,7 +38,7 @@ def test_tiny_cpu_run_writes_consistent_lines(tmp_path):
     assert done.stdout.splitlines() == [json.dumps(x) for x in lines]
     for x in lines:
         assert x["device"] == "cpu" and x["dtype"] == "float32" and len(x["verify_s"]) == 4
-        assert x["verify_over_decode"] == [round(v / x["decode_s"], 3) for v in x["verify_s"]]
+        assert x["verify_over_decode"] == pytest.approx([v / x["decode_s"] for v in x["verify_s"]], abs=2e-3)
         for rule in x["rule"]:
             best = max(rule["speedup_per_k"])
             expected = rule["speedup_per_k"].index(best) + 1 if best > DRAFT_MARGIN else 0

@@ -119,7 +119,8 @@ def _check_and_cast(expected: dict[str, torch.Tensor], found: dict[str, torch.Te
 
 def _fused_parts(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
     """fused module name -> [(Hugging Face module name, rows)] stacked along dim 0."""
-    q, kv, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+    q = cfg.num_attention_heads * cfg.head_dim * (2 if cfg.attn_output_gate else 1)  # Qwen3.5: query and gate
+    kv, inter = cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
     return {"qkv_proj": [("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
             "gate_up_proj": [("gate_proj", inter), ("up_proj", inter)]}
 

@@ -1,5 +1,6 @@
-"""Qwen3 building blocks: RMSNorm, rotary embedding, grouped-query attention with q/k norms,
-SwiGLU MLP, and the decoder layer.
+"""Qwen3 / Qwen3.5 building blocks: RMSNorm, rotary embedding, grouped-query attention with q/k
+norms (Qwen3.5: an output gate and partial rotary), SwiGLU MLP, and the decoder layer (Qwen3.5:
+full attention or Gated DeltaNet linear attention, model/gated_deltanet.py, by `layer_types`).
 
 Parameter names match Hugging Face's except two fused projections (as in vLLM): `qkv_proj`
 stacks q_proj, k_proj, v_proj and `gate_up_proj` stacks gate_proj, up_proj, so a decode step
@@ -8,13 +9,13 @@ runs two matmuls fewer per layer. checkpoint.py splits and stacks them at the fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from bebop.model.config import ModelConfig
+from bebop.model.context import AttentionContext
+from bebop.model.gated_deltanet import GatedDeltaNet
 from bebop.model.kv_cache import KVCache
 
 
@@ -65,56 +66,65 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, heads, T, Dh) rotated by position."""
-    half = x.shape[-1] // 2
+    """x (B, heads, T, Dh) rotated by position; cos, sin (B, 1, T, Dr), Dr <= Dh: the first Dr
+    dimensions rotate, the rest pass through (partial rotary)."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
+    half = rot // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
 
-@dataclass
-class AttentionContext:
-    """What every layer of one forward call shares: rotary tables, positions, mask, cache."""
-
-    cos: torch.Tensor  # (B, 1, T, Dh)
-    sin: torch.Tensor  # (B, 1, T, Dh)
-    positions: torch.Tensor  # (B, T) absolute positions of the new tokens
-    mask: torch.Tensor | None  # (B, 1, T, S) bool, True = attend; None = plain causal, no cache
-    cache: KVCache | None
-
-
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    """Grouped-query attention; `cache_slot` is this layer's index in the KV cache (attention layers
+    only: a hybrid's linear layers keep no KV). With `attn_output_gate` (Qwen3.5), q_proj yields, per
+    head, the query and then a gate; the attention output is scaled by sigmoid(gate) before o_proj."""
+
+    def __init__(self, cfg: ModelConfig, cache_slot: int) -> None:
         super().__init__()
-        self.layer_idx = layer_idx
+        self.layer_idx = cache_slot
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
+        self.gated = cfg.attn_output_gate
         bias = cfg.attention_bias
-        self.q_size = self.num_heads * self.head_dim
+        self.q_size = self.num_heads * self.head_dim * (2 if self.gated else 1)
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, cfg.rms_norm_offset)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, cfg.rms_norm_offset)
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x (B, T, H) -> q (B, Hq, T, Dh), k, v (B, Hkv, T, Dh), normed and rotated."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """x (B, T, H) -> q (B, Hq, T, Dh), k, v (B, Hkv, T, Dh), normed and rotated, and the output
+        gate (B, T, Hq * Dh) or None."""
         b, t, _ = x.shape
         q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = self.q_norm(q.view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, Hq, T, Dh)
+        gate = None
+        if self.gated:
+            q, gate = q.view(b, t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)  # (B, T, Hq, Dh) x2
+            gate = gate.reshape(b, t, -1)  # (B, T, Hq * Dh)
+        q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).transpose(1, 2)  # (B, Hq, T, Dh)
         k = self.k_norm(k.view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, Dh)
         v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
+
+    def output(self, heads: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """heads (B, Hq, T, Dh) attention output -> (B, T, H): gated, then o_proj."""
+        b, _, t, _ = heads.shape
+        out = heads.transpose(1, 2).reshape(b, t, -1)  # (B, T, Hq * Dh)
+        return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        b, t, _ = x.shape
-        q, k, v = self.project(x, ctx.cos, ctx.sin)
+        q, k, v, gate = self.project(x, ctx.cos, ctx.sin)
         if ctx.cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             k, v = ctx.cache.write(self.layer_idx, ctx.positions, k, v)  # (B, Hkv, S, Dh)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, H)
+        return self.output(out, gate)  # (B, T, H)
 
 
 class MLP(nn.Module):
@@ -129,23 +139,38 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    """A pre-norm residual block: full attention (`self_attn`) or Gated DeltaNet (`linear_attn`),
+    then the MLP. `slot`: the layer's index among layers of its kind (its cache slot)."""
+
+    def __init__(self, cfg: ModelConfig, slot: int, kind: str = "full_attention") -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        eps, offset = cfg.rms_norm_eps, cfg.rms_norm_offset
+        self.kind = kind
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps, offset)
+        if kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg, slot)
+        else:
+            self.self_attn = Attention(cfg, slot)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, offset)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        h = self.input_layernorm(x)
+        x = x + (self.linear_attn(h, ctx) if self.kind == "linear_attention" else self.self_attn(h, ctx))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def attention_context(positions: torch.Tensor, cache: KVCache | None, head_dim: int, theta: float,
+def trunk_layers(cfg: ModelConfig) -> list[DecoderLayer]:
+    """The trunk's layers in order, each with its kind and its slot among layers of that kind."""
+    slots = {i: j for layers in (cfg.attention_layers, cfg.linear_layers) for j, i in enumerate(layers)}
+    return [DecoderLayer(cfg, slots[i], cfg.layer_type(i)) for i in range(cfg.num_hidden_layers)]
+
+
+def attention_context(positions: torch.Tensor, cache: KVCache | None, rotary_dim: int, theta: float,
                       dtype: torch.dtype) -> AttentionContext:
     """Rotary tables and mask for a chunk at `positions` (B, T)."""
     limit = positions.shape[1] if cache is None else cache.capacity
-    cos, sin = rope_cos_sin(positions, head_dim, theta, dtype, limit)
+    cos, sin = rope_cos_sin(positions, rotary_dim, theta, dtype, limit)
     mask = None
     if cache is not None:
         span = cache.span + positions.shape[1]

@@ -73,7 +73,7 @@ class MTPHead(nn.Module):
         x = self.combine(hidden, token_embeds)  # (B, T, H)
         positions = cache.positions(x.shape[1])  # (B, T)
         cfg = self.config
-        ctx = attention_context(positions, cache, cfg.head_dim, cfg.rope_theta, x.dtype)
+        ctx = attention_context(positions, cache, cfg.rotary_dim, cfg.rope_theta, x.dtype)
         if depth == 1:
             outs = [layer(x, ctx) for layer in self.layers]
             out = outs[0]

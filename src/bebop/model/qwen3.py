@@ -1,4 +1,4 @@
-"""The Qwen3 dense causal LM (trunk + LM head), Hugging Face weight names.
+"""The causal LM (trunk + LM head) of the Qwen3 family and the Qwen3.5 hybrid, Hugging Face weight names.
 
     model = CausalLM(config)
     hidden = model(input_ids, cache, num_new)   # (B, T, H): last hidden states, AFTER the final norm
@@ -18,8 +18,10 @@ from torch import nn
 
 from bebop.errors import BebopError
 from bebop.model.config import ModelConfig
+from bebop.model.gated_deltanet import GatedDeltaNet, GatedRMSNorm
+from bebop.model.hybrid_cache import HybridCache
 from bebop.model.kv_cache import KVCache
-from bebop.model.layers import DecoderLayer, RMSNorm, attention_context
+from bebop.model.layers import RMSNorm, attention_context, trunk_layers
 from bebop.model.mtp import MTP_PREFIX, MTPHead
 
 
@@ -27,8 +29,8 @@ class Qwen3Model(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(trunk_layers(cfg))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.rms_norm_offset)
 
 
 class CausalLM(nn.Module):
@@ -70,7 +72,12 @@ class CausalLM(nn.Module):
                     continue
                 if isinstance(module, RMSNorm):
                     module.weight.fill_(1.0 - module.offset)
-                elif isinstance(module, (nn.Linear, nn.Embedding)):
+                elif isinstance(module, GatedRMSNorm):
+                    module.weight.fill_(1.0)
+                elif isinstance(module, GatedDeltaNet):  # transformers': A ~ U(1, 16), dt_bias = 1
+                    module.A_log.copy_(torch.empty_like(module.A_log).uniform_(1, 16, generator=generator).log())
+                    module.dt_bias.fill_(1.0)
+                elif isinstance(module, (nn.Linear, nn.Embedding, nn.Conv1d)):
                     module.weight.normal_(0.0, std, generator=generator)
                     if isinstance(module, nn.Linear) and module.bias is not None:  # nn.Embedding has no bias
                         module.bias.zero_()
@@ -104,7 +111,10 @@ class CausalLM(nn.Module):
         return self.lm_head(mtp_hidden).float()
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+        """A KV cache of the attention layers; a HybridCache (also the linear layers' states) for a hybrid."""
         cfg = self.config
+        if cfg.linear_layers:
+            return HybridCache(cfg, batch_size, capacity, dtype=self.dtype, device=self.device)
         return KVCache(cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, cfg.head_dim,
                        capacity, dtype=self.dtype, device=self.device)
 
@@ -123,12 +133,15 @@ class CausalLM(nn.Module):
                 raise BebopError(f"batch of {b} rows does not match the cache's {cache.batch_size}")
             positions = cache.positions(t)  # (B, T)
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
-        ctx = attention_context(positions, cache, self.config.head_dim, self.config.rope_theta, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, ctx)
+        ctx = attention_context(positions, cache, self.config.rotary_dim, self.config.rope_theta, x.dtype)
         if cache is not None:
             if num_new is None:
                 num_new = torch.full((b,), t, dtype=torch.long, device=input_ids.device)
+            ctx.num_new = num_new
+        for layer in self.model.layers:
+            x = layer(x, ctx)
+        if cache is not None:
+            assert num_new is not None
             cache.advance(num_new, t)
         return self.model.norm(x)
 

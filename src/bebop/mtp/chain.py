@@ -21,6 +21,7 @@ from typing import cast
 
 import torch
 
+from bebop.model.config import ModelConfig
 from bebop.model.layers import DecoderLayer, rope_cos_sin
 from bebop.model.mtp import MTPHead
 
@@ -30,7 +31,7 @@ def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.repeat_interleave(groups, dim=1) if groups > 1 else x
 
 
-def _layer_step(layer: DecoderLayer, x: torch.Tensor, offset: int, theta: float,
+def _layer_step(layer: DecoderLayer, x: torch.Tensor, offset: int, cfg: ModelConfig,
                 memory: tuple[torch.Tensor, torch.Tensor] | None,
                 own: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """One decoder layer over all chains at one depth.
@@ -43,8 +44,8 @@ def _layer_step(layer: DecoderLayer, x: torch.Tensor, offset: int, theta: float,
     h = layer.input_layernorm(x)
     t = x.shape[1]
     positions = torch.arange(offset, offset + t, device=x.device).expand(x.shape[0], t)  # (B, T)
-    cos, sin = rope_cos_sin(positions, attn.head_dim, theta, h.dtype, limit=offset + t)
-    q, k, v = attn.project(h, cos, sin)  # (B, Hq, T, Dh), (B, Hkv, T, Dh) x2
+    cos, sin = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, h.dtype, limit=offset + t)
+    q, k, v, gate = attn.project(h, cos, sin)  # (B, Hq, T, Dh), (B, Hkv, T, Dh) x2, (B, T, Hq * Dh) or None
     groups = attn.num_heads // attn.num_kv_heads
     mem_k, mem_v = memory if memory is not None else (k, v)
     scale = 1.0 / math.sqrt(attn.head_dim)
@@ -58,8 +59,7 @@ def _layer_step(layer: DecoderLayer, x: torch.Tensor, offset: int, theta: float,
     out = probs[..., :t] @ values[0]  # (B, Hq, T, Dh)
     for j, (_, ev) in enumerate(entries):
         out = out + probs[..., t + j: t + j + 1] * _expand_kv(ev, groups)
-    b = x.shape[0]
-    x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+    x = x + attn.output(out, gate)
     x = x + layer.mlp(layer.post_attention_layernorm(x))
     return x, (k, v)
 
@@ -69,7 +69,7 @@ def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.
 
     Returns the head's output (after its norm) for each depth: D tensors (B, T, H)."""
     b, t, _ = hidden.shape
-    theta = head.config.rope_theta
+    cfg = head.config
     num_layers = head.num_layers
     layers = cast(list[DecoderLayer], list(head.layers))  # nn.ModuleList types its items as Module
     memory: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -79,12 +79,12 @@ def chain_forward(head: MTPHead, hidden: torch.Tensor, token_embeds: list[torch.
     for depth, embeds in enumerate(token_embeds, start=1):
         x = head.combine(x_in, embeds)  # (B, T, H)
         if depth == 1:
-            results = [_layer_step(layer, x, 0, theta, None, []) for layer in layers]
+            results = [_layer_step(layer, x, 0, cfg, None, []) for layer in layers]
             memory = [kv for _, kv in results]
             out = results[0][0]
         else:
             li = (depth - 1) % num_layers
-            out, kv = _layer_step(layers[li], x, depth - 1, theta, memory[li], own[li])
+            out, kv = _layer_step(layers[li], x, depth - 1, cfg, memory[li], own[li])
             own[li].append(kv)
         out = head.norm(out)  # (B, T, H): what the LM head reads and the next depth takes
         outputs.append(out)

@@ -1,0 +1,151 @@
+"""Gated DeltaNet linear attention (the Qwen3.5 hybrid's `linear_attention` layers), pure PyTorch.
+
+Per value head, a recurrent state S (Dk, Dv) is decayed, corrected toward the new value by the
+delta rule, and read by the query (q, k L2-normalised, q scaled by 1/sqrt(Dk)):
+
+    S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T      o_t = S_t^T q_t
+    g_t = -exp(A_log) softplus(a_t + dt_bias) <= 0,   beta_t = sigmoid(b_t)
+
+q, k, v come from one projection through a causal depthwise conv1d (kernel K, SiLU), so a cached
+decode also keeps each row's last K-1 conv inputs. The output is RMS-normed per head, gated by
+silu(z) and projected back. Two equal forms: `recurrent_rule` (token by token: decoding, and a
+verify of K+1 drafts, whose state after every position it keeps) and `chunked_rule` (chunks of
+CHUNK tokens in a few matmuls: training and long prefills). Parameter names are Hugging Face's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bebop.model.config import ModelConfig
+from bebop.model.context import AttentionContext
+
+CHUNK = 64  # tokens per chunk of chunked_rule
+SNAPSHOT_MAX = 128  # chunks up to this many tokens run recurrently and keep every position's state
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k (B, Hv, T, Dk) normed and scaled, v (B, Hv, T, Dv), g, beta (B, Hv, T), state (B, Hv, Dk, Dv),
+    all float32 -> outputs (B, Hv, T, Dv) and the states after each position (B, T + 1, Hv, Dk, Dv),
+    index 0 the initial state."""
+    states = [state]
+    outs = []
+    for t in range(q.shape[2]):
+        s = states[-1] * g[:, :, t, None, None].exp()  # (B, Hv, Dk, Dv)
+        delta = (v[:, :, t] - (s * k[:, :, t, :, None]).sum(-2)) * beta[:, :, t, None]  # (B, Hv, Dv)
+        s = s + k[:, :, t, :, None] * delta[:, :, None, :]
+        outs.append((s * q[:, :, t, :, None]).sum(-2))  # (B, Hv, Dv)
+        states.append(s)
+    return torch.stack(outs, dim=2), torch.stack(states, dim=1)
+
+
+def chunked_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same rule over chunks of CHUNK tokens (the UT transform of the DeltaNet papers): same
+    inputs as `recurrent_rule` -> outputs (B, Hv, T, Dv) and the final state (B, Hv, Dk, Dv)."""
+    b, h, t, dk = k.shape
+    pad = (CHUNK - t % CHUNK) % CHUNK
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))  # padded steps: no decay, no update
+    n = (t + pad) // CHUNK
+    q, k, v = (x.reshape(b, h, n, CHUNK, x.shape[-1]) for x in (q, k, v))  # (B, Hv, N, C, D)
+    k_beta, v_beta = k * beta.reshape(b, h, n, CHUNK, 1), v * beta.reshape(b, h, n, CHUNK, 1)
+    decay = g.reshape(b, h, n, CHUNK).cumsum(-1)  # (B, Hv, N, C): log decay from the chunk start
+    upper = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    pair = (decay[..., :, None] - decay[..., None, :]).masked_fill(upper, float("-inf")).exp()  # (B, Hv, N, C, C)
+    system = (k_beta @ k.transpose(-1, -2)) * pair  # its strictly lower part: how earlier updates interfere
+    lower = torch.tril(system, -1) + torch.eye(CHUNK, dtype=q.dtype, device=q.device)  # (B, Hv, N, C, C)
+    new_v = torch.linalg.solve_triangular(lower, v_beta, upper=False, unitriangular=True)  # (B, Hv, N, C, Dv)
+    k_decayed = torch.linalg.solve_triangular(lower, k_beta * decay.exp()[..., None], upper=False, unitriangular=True)
+    intra = (q @ k.transpose(-1, -2)) * pair  # (B, Hv, N, C, C), causal within the chunk
+    q_decayed = q * decay.exp()[..., None]
+    k_tail = k * (decay[..., -1:] - decay).exp()[..., None]  # decay from each position to the chunk's end
+    out = torch.empty_like(new_v)
+    for i in range(n):
+        u = new_v[:, :, i] - k_decayed[:, :, i] @ state  # (B, Hv, C, Dv): the corrections this chunk writes
+        out[:, :, i] = q_decayed[:, :, i] @ state + intra[:, :, i] @ u
+        state = state * decay[:, :, i, -1, None, None].exp() + k_tail[:, :, i].transpose(-1, -2) @ u
+    return out.reshape(b, h, n * CHUNK, -1)[:, :, :t], state
+
+
+class GatedRMSNorm(nn.Module):
+    """Per-head RMSNorm (weight w, not 1 + w) of the rule's output, then a silu(z) gate."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+        return (h * F.silu(z.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig, slot: int) -> None:
+        super().__init__()
+        self.slot = slot  # index among the linear layers: this layer's states in a HybridCache
+        self.num_k_heads, self.num_v_heads = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim = self.num_k_heads * self.dk, self.num_v_heads * self.dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.kernel = cfg.linear_conv_kernel_dim
+        h = cfg.hidden_size
+        self.in_proj_qkv = nn.Linear(h, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(h, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(h, self.num_v_heads, bias=False)
+        self.in_proj_a = nn.Linear(h, self.num_v_heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False,
+                                padding=self.kernel - 1)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """x (B, T, H) -> (B, T, H). With a cache (a HybridCache), continues each row from its saved
+        conv and recurrent states and stages the new ones (the cache picks them when it advances)."""
+        b, t, _ = x.shape
+        qkv = self.in_proj_qkv(x).transpose(1, 2)  # (B, C, T)
+        cache = ctx.cache
+        linear = getattr(cache, "linear", None)
+        if linear is None:
+            window = F.pad(qkv, (self.kernel - 1, 0))  # (B, C, K-1+T): zero history
+            state = qkv.new_zeros(b, self.num_v_heads, self.dk, self.dv, dtype=torch.float32)
+        else:
+            conv_state, state = linear.state(self.slot)  # (B, C, K-1), (B, Hv, Dk, Dv)
+            window = torch.cat([conv_state.to(qkv.dtype), qkv], dim=-1)  # (B, C, K-1+T)
+        mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.conv_dim))  # (B, C, T)
+        q, k, v = mixed.transpose(1, 2).split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
+        q, k = (self._heads(y, self.num_k_heads, self.dk) for y in (q, k))  # (B, Hv, T, Dk)
+        q, k = l2norm(q) * self.dk ** -0.5, l2norm(k)
+        v = v.reshape(b, t, self.num_v_heads, self.dv).transpose(1, 2).float()  # (B, Hv, T, Dv)
+        beta = self.in_proj_b(x).float().sigmoid().transpose(1, 2)  # (B, Hv, T)
+        g = (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)).transpose(1, 2)
+        if linear is not None and t <= SNAPSHOT_MAX:
+            out, states = recurrent_rule(q, k, v, g, beta, state)  # every position's state: rollback-able
+            linear.stage(self.slot, window, states, every_position=True)
+        else:
+            if linear is not None and ctx.num_new is not None:  # a ragged chunk: rows stop at num_new
+                keep = (torch.arange(t, device=x.device)[None] < ctx.num_new[:, None])[:, None]  # (B, 1, T)
+                g, beta = g * keep, beta * keep
+            out, final = chunked_rule(q, k, v, g, beta, state)
+            if linear is not None:
+                linear.stage(self.slot, window, torch.stack([state, final], dim=1), every_position=False)
+        out = self.norm(out.transpose(1, 2).to(x.dtype), self.in_proj_z(x).view(b, t, self.num_v_heads, self.dv))
+        return self.out_proj(out.reshape(b, t, self.value_dim))
+
+    def _heads(self, y: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+        """(B, T, heads * dim) -> (B, Hv, T, dim) float32, each key head repeated for its value heads."""
+        b, t, _ = y.shape
+        y = y.reshape(b, t, heads, dim).transpose(1, 2).float()
+        return y.repeat_interleave(self.num_v_heads // heads, dim=1) if heads != self.num_v_heads else y

@@ -1,0 +1,94 @@
+"""The Qwen3.5 hybrid trunk against transformers' Qwen3_5ForCausalLM on the same random weights:
+a plain forward, prefill then token-by-token decoding, ragged batches, and rollback inside a chunk."""
+
+import pytest
+import torch
+
+from bebop.model import load_model
+from bebop.model.gated_deltanet import chunked_rule, recurrent_rule
+from qwen35_helpers import make_hf_qwen35
+
+
+@pytest.fixture(scope="module")
+def hf_qwen35_dir(tmp_path_factory):
+    model = make_hf_qwen35()
+    path = tmp_path_factory.mktemp("qwen35")
+    model.save_pretrained(path)
+    return model, path
+
+
+def _ids(b, t, seed):
+    return torch.randint(0, 100, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("length", [1, 7, 70, 150])
+def test_logits_match_transformers(hf_qwen35_dir, length):
+    hf, path = hf_qwen35_dir
+    ours = load_model(path)
+    ids = _ids(2, length, length)
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got = ours.logits(ours(ids))
+    assert (expected - got).abs().max().item() <= 1e-4
+
+
+def test_chunked_and_recurrent_rules_agree():
+    g = torch.Generator().manual_seed(0)
+    b, h, t, dk, dv = 2, 3, 150, 8, 5
+    q, k = (torch.nn.functional.normalize(torch.randn(b, h, t, dk, generator=g), dim=-1) for _ in range(2))
+    v = torch.randn(b, h, t, dv, generator=g)
+    gate, beta = -torch.rand(b, h, t, generator=g), torch.rand(b, h, t, generator=g)
+    state = torch.randn(b, h, dk, dv, generator=g)
+    out_r, states = recurrent_rule(q, k, v, gate, beta, state)
+    out_c, final = chunked_rule(q, k, v, gate, beta, state)
+    assert torch.allclose(out_r, out_c, atol=1e-4) and torch.allclose(states[:, -1], final, atol=1e-4)
+    assert torch.equal(states[:, 0], state)
+
+
+@pytest.mark.parametrize("prompt_len", [5, 140])
+def test_prefill_then_decode_matches_full_forward(hf_qwen35_dir, prompt_len):
+    """140 tokens > SNAPSHOT_MAX: the prefill takes the chunked form, decoding the recurrent one."""
+    hf, path = hf_qwen35_dir
+    ours = load_model(path)
+    ids = _ids(1, prompt_len + 6, 3)
+    with torch.no_grad():
+        expected = hf(ids).logits  # (1, T, V)
+        cache = ours.new_cache(1, prompt_len + 8)
+        got = [ours.logits(ours(ids[:, :prompt_len], cache))[:, -1]]
+        for t in range(prompt_len, prompt_len + 5):
+            got.append(ours.logits(ours(ids[:, t: t + 1], cache))[:, -1])
+    for i, logits in enumerate(got):
+        assert (logits - expected[:, prompt_len - 1 + i]).abs().max().item() <= 1e-4, i
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_ragged_prefill_keeps_each_row_at_its_own_length(hf_qwen35_dir, long):
+    hf, path = hf_qwen35_dir
+    ours = load_model(path)
+    lengths = [9, 3, 6] if not long else [140, 131, 135]
+    ids = _ids(3, max(lengths) + 2, 4)
+    counts = torch.tensor(lengths)
+    with torch.no_grad():
+        cache = ours.new_cache(3, max(lengths) + 4)
+        ours(ids[:, : max(lengths)], cache, counts)
+        nxt = torch.stack([ids[i, n] for i, n in enumerate(lengths)])[:, None]  # (3, 1): each row's next token
+        got = ours.logits(ours(nxt, cache))[:, -1]
+        for i, n in enumerate(lengths):
+            row = torch.cat([ids[i, :n], nxt[i]])[None]
+            assert (got[i] - hf(row).logits[0, -1]).abs().max().item() <= 1e-4, i
+
+
+def test_rollback_inside_a_chunk_restores_the_states(hf_qwen35_dir):
+    """As after a verify: feed 5 tokens, keep 2 (row 0) and 4 (row 1), then continue."""
+    hf, path = hf_qwen35_dir
+    ours = load_model(path)
+    ids = _ids(2, 20, 5)
+    with torch.no_grad():
+        cache = ours.new_cache(2, 32)
+        ours(ids[:, :10], cache)
+        ours(ids[:, 10:15], cache)
+        cache.rollback(torch.tensor([12, 14]), span=14)
+        nxt = torch.tensor([[int(ids[0, 12])], [int(ids[1, 14])]])
+        got = ours.logits(ours(nxt, cache))[:, -1]
+        for i, n in enumerate((12, 14)):
+            assert (got[i] - hf(ids[i: i + 1, : n + 1]).logits[0, -1]).abs().max().item() <= 1e-4, i
