@@ -1,0 +1,69 @@
+"""Speculative decoding on the Qwen3.5 hybrid (issue 15, part 3): verifying K+1 tokens advances the
+linear layers' recurrent and conv states, and a partial acceptance must restore them exactly.
+
+The dense model's engine tests are rerun here on a hybrid with a fresh head: T=0 speculation equals
+greedy (random head; an oracle drafter that makes rows accept 0..K raggedly; observations prefilled
+mid-generation), and the sampled output follows the target exactly (chi-square, as the dense tests)."""
+
+import pytest
+import torch
+
+from bebop.engine import generate
+from bebop.engine import speculative as spec
+from bebop.model import load_model
+from bebop.sampling import SamplingParams
+
+from qwen35_helpers import make_hf_qwen35
+from spec_helpers import EOS, PROMPTS, ids_of, oracle_drafter
+from test_live_batch import test_sampled_output_is_lossless_with_plain_steps_and_early_stops as _lossless_live
+from test_speculative import test_observations_prefilled_then_drafting_resumes as _observations
+from test_speculative import test_ragged_acceptance_keeps_greedy_output as _ragged
+from test_speculative import test_sampled_output_is_lossless_end_to_end as _lossless
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen35_spec")
+    make_hf_qwen35(seed=3).save_pretrained(path)
+    model = load_model(path)
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    assert model.config.linear_layers and model.mtp is not None
+    return model
+
+
+@pytest.mark.parametrize("mode", ["rs", "to"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_equals_plain_on_the_hybrid(hybrid, mode, k):
+    prompts = ids_of(PROMPTS)
+    ref = generate(hybrid, prompts, max_new_tokens=30, sampling=SamplingParams(0.0), stop_ids=[EOS])
+    gens, metrics = spec.speculative_generate(hybrid, prompts, k=k, mode=mode, max_new_tokens=30,
+                                              sampling=SamplingParams(0.0), stop_ids=[EOS])
+    assert [g.token_ids for g in gens] == [g.token_ids for g in ref]
+    assert metrics.num_drafts > 0
+
+
+@pytest.mark.parametrize("mode", ["rs", "to"])
+def test_ragged_acceptance_on_the_hybrid(hybrid, monkeypatch, mode):
+    _ragged(hybrid, monkeypatch, mode)
+
+
+def test_observations_on_the_hybrid(hybrid, monkeypatch):
+    _observations(hybrid, monkeypatch)
+
+
+def test_sampled_output_is_lossless_on_the_hybrid(hybrid, monkeypatch):
+    _lossless(hybrid, monkeypatch)
+
+
+def test_lossless_with_plain_steps_and_early_stops_on_the_hybrid(hybrid, monkeypatch):
+    _lossless_live(hybrid, monkeypatch)
+
+
+def test_oracle_drafts_are_mostly_accepted_on_the_hybrid(hybrid, monkeypatch):
+    """The states restored after partial acceptance are the right ones: an oracle that is always
+    right is always accepted (a wrong state after a rollback would make the target disagree)."""
+    prompts = ids_of(PROMPTS)
+    monkeypatch.setattr(spec, "_draft", oracle_drafter(hybrid, prompts, corrupt=0.0, seed=0))
+    _, metrics = spec.speculative_generate(hybrid, prompts, k=3, mode="rs", max_new_tokens=24,
+                                           sampling=SamplingParams(0.0))
+    assert metrics.acceptance_rate == 1.0
