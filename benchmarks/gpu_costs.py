@@ -41,6 +41,7 @@ from bebop.model.qwen3 import CausalLM
 
 from common import machine
 
+HYBRID = dict(model_type="qwen3_5_text", attn_output_gate=True, partial_rotary_factor=0.25)
 # the published configs' shapes (config.json of each checkpoint); rope and context do not change the cost
 SHAPES = {
     "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
@@ -49,12 +50,24 @@ SHAPES = {
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16),
+    # the Qwen3.5 hybrid: 3 Gated DeltaNet layers to 1 gated full-attention layer; the shape of transformers'
+    # default Qwen3_5TextConfig (its docs name Qwen/Qwen3.5-27B), and a tiny one for this CPU
+    "qwen3.5-hybrid": dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                           num_attention_heads=16, num_key_value_heads=4, head_dim=256, **HYBRID),
+    "tiny-hybrid": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, **HYBRID,
+                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                        linear_value_head_dim=16),
 }
 
 
 def build(shape: str, device: torch.device, dtype: torch.dtype, context: int) -> CausalLM:
     """A random-weight model of `shape` with one MTP layer, made directly on `device` in `dtype`."""
-    cfg = ModelConfig(**SHAPES[shape], max_position_embeddings=context + 64, rope_theta=1e6, mtp_num_hidden_layers=1)
+    fields = dict(SHAPES[shape])
+    if fields.get("model_type") == "qwen3_5_text":
+        fields["layer_types"] = tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                                      for i in range(fields["num_hidden_layers"]))
+    cfg = ModelConfig(**fields, max_position_embeddings=context + 64, rope_theta=1e6, mtp_num_hidden_layers=1)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -127,7 +140,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shapes = ["tiny"] if args.tiny else args.shapes.split(",")
+    shapes = ["tiny", "tiny-hybrid"] if args.tiny else args.shapes.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     alphas = [float(a) for a in args.acceptance.split(",")]
     where = machine() + (f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
@@ -158,7 +171,8 @@ def run(args: argparse.Namespace) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="auto (cuda when present), cuda, cuda:N or cpu")
-    parser.add_argument("--shapes", default="qwen3-1.7b,qwen3-8b", help=f"comma-separated: {', '.join(SHAPES)}")
+    parser.add_argument("--shapes", default="qwen3-1.7b,qwen3-8b,qwen3.5-hybrid",
+                        help=f"comma-separated: {', '.join(SHAPES)}")
     parser.add_argument("--tiny", action="store_true", help="the tiny shape at small batches: the code path in seconds")
     parser.add_argument("--batches", default="1,4,16,32,64,128,256")
     parser.add_argument("--max-k", type=int, default=7)

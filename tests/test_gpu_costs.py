@@ -34,7 +34,7 @@ def test_tiny_cpu_run_writes_consistent_lines(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [(x["shape"], x["batch"]) for x in lines] == [("tiny", 1), ("tiny", 4), ("tiny", 16)]
+    assert [(x["shape"], x["batch"]) for x in lines] == [(s, b) for s in ("tiny", "tiny-hybrid") for b in (1, 4, 16)]
     assert done.stdout.splitlines() == [json.dumps(x) for x in lines]
     for x in lines:
         assert x["device"] == "cpu" and x["dtype"] == "float32" and len(x["verify_s"]) == 4
