@@ -12,13 +12,13 @@ from bebop.engine import generate
 from bebop.engine import speculative as spec
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
-
 from qwen35_helpers import make_hf_qwen35
-from spec_helpers import EOS, PROMPTS, ids_of, oracle_drafter
 from test_live_batch import test_sampled_output_is_lossless_with_plain_steps_and_early_stops as _lossless_live
 from test_speculative import test_observations_prefilled_then_drafting_resumes as _observations
 from test_speculative import test_ragged_acceptance_keeps_greedy_output as _ragged
 from test_speculative import test_sampled_output_is_lossless_end_to_end as _lossless
+
+from spec_helpers import EOS, PROMPTS, ids_of, oracle_drafter
 
 
 @pytest.fixture(scope="module")

@@ -92,3 +92,45 @@ def test_rollback_inside_a_chunk_restores_the_states(hf_qwen35_dir):
         got = ours.logits(ours(nxt, cache))[:, -1]
         for i, n in enumerate((12, 14)):
             assert (got[i] - hf(ids[i: i + 1, : n + 1]).logits[0, -1]).abs().max().item() <= 1e-4, i
+
+
+def test_multimodal_checkpoint_loads_its_text_model_and_head(hf_qwen35_dir, tmp_path, capsys):
+    """The published layout: config nests text_config, weights under model.language_model.*, a vision
+    tower beside them, the MTP head's mtp.* at the top. Loaded: the text model and its head, the tower
+    skipped with a note. Saved back: the same nesting, names and head."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from bebop.model import save_model
+    from bebop.model.checkpoint import read_state_dict
+
+    hf, path = hf_qwen35_dir
+    headed = load_model(path)
+    headed.attach_mtp(1, torch.Generator().manual_seed(0))
+    save_model(headed, tmp_path / "flat")
+    flat = read_state_dict(tmp_path / "flat")
+    nested = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in flat.items()}
+    nested["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3)
+    mm = tmp_path / "mm"
+    mm.mkdir()
+    save_file(nested, str(mm / "model.safetensors"))
+    text = json.loads((path / "config.json").read_text())
+    (mm / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                                                "text_config": {**text, "mtp_num_hidden_layers": 1},
+                                                "vision_config": {"depth": 2}, "tie_word_embeddings": False}))
+    model = load_model(mm)
+    assert "vision tower (1 tensors)" in capsys.readouterr().err
+    assert model.mtp is not None and model.config.linear_layers
+    ids = _ids(1, 12, 9)
+    with torch.no_grad():
+        assert (model.logits(model(ids)) - hf(ids).logits).abs().max().item() <= 1e-4
+        assert torch.equal(model.mtp.fc.weight, headed.mtp.fc.weight)
+    save_model(model, tmp_path / "back")
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert back["model_type"] == "qwen3_5" and back["text_config"]["model_type"] == "qwen3_5_text"
+    assert back["vision_config"] == {"depth": 2} and back["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    names = set(read_state_dict(tmp_path / "back"))
+    assert "model.language_model.norm.weight" in names and "mtp.fc.weight" in names
+    assert not any(n.startswith("model.layers.") for n in names)
+    assert torch.equal(load_model(tmp_path / "back").mtp.fc.weight, headed.mtp.fc.weight)

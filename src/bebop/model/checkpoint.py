@@ -29,6 +29,25 @@ from bebop.model.qwen3 import CausalLM
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+LANGUAGE_PREFIX = "model.language_model."  # a multimodal Qwen3.5 checkpoint's text model
+VISION_PREFIX = "model.visual."  # its vision tower: not loaded (bebop runs the text model)
+
+
+def text_model_names(found: dict[str, torch.Tensor], model_dir: Path) -> dict[str, torch.Tensor]:
+    """A multimodal checkpoint's tensors under the text model's own names (model.language_model.X ->
+    model.X; lm_head and mtp.* stay), the vision tower left out with a note."""
+    vision = [name for name in found if name.startswith(VISION_PREFIX)]
+    if vision:
+        print(f"note: {model_dir} holds a vision tower ({len(vision)} tensors); bebop loads the text model only",
+              file=sys.stderr)
+    return {("model." + name.removeprefix(LANGUAGE_PREFIX) if name.startswith(LANGUAGE_PREFIX) else name): tensor
+            for name, tensor in found.items() if not name.startswith(VISION_PREFIX)}
+
+
+def nested_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of text_model_names for saving: model.X -> model.language_model.X."""
+    return {(LANGUAGE_PREFIX + name.removeprefix("model.") if name.startswith("model.") else name): tensor
+            for name, tensor in state.items()}
 
 
 def _weight_files(model_dir: Path) -> dict[str, list[str]]:
@@ -194,6 +213,8 @@ def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float
     model_dir = Path(model_dir)
     cfg = read_config(model_dir)
     found = read_state_dict(model_dir)
+    if cfg.outer:
+        found = text_model_names(found, model_dir)
     if cfg.tie_word_embeddings:
         found.pop("lm_head.weight", None)
     has_mtp = any(name.startswith(MTP_PREFIX) for name in found)
@@ -214,7 +235,8 @@ def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes
     state = model.state_dict()
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    write_state_dict(to_hf_state(state, model.config), model_dir, max_shard_bytes)
+    state = to_hf_state(state, model.config)
+    write_state_dict(nested_names(state) if model.config.outer else state, model_dir, max_shard_bytes)
     write_config(model.config, model_dir)
 
 
