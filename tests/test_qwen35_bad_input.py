@@ -65,3 +65,17 @@ def test_missing_or_misshapen_tensor(capsys, qwen35_dir, tmp_path, name, tensor,
     save_file(state, path / "model.safetensors")
     code, err = _generate(capsys, path)
     assert code == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_mtp_train_warm_starts_from_the_checkpoints_head(qwen35_dir, tmp_path):
+    """The paper's setting: a Qwen3.5 checkpoint ships its head; `bebop mtp train` trains that head
+    (no `mtp init`), and the saved model keeps the family."""
+    before = load_model(qwen35_dir).mtp
+    out = tmp_path / "trained"
+    assert main(["mtp", "train", "--model", str(qwen35_dir), "--task", "math", "--steps", "2", "--batch-size", "2",
+                 "--num-samples", "4", "--max-new-tokens", "12", "--depths", "2", "--lr", "1e-4",
+                 "--out", str(out)]) == 0
+    after = load_model(out)
+    assert after.config.model_type == "qwen3_5_text" and after.config.linear_layers
+    moved = (after.mtp.fc.weight - before.fc.weight).abs().max().item()
+    assert 0 < moved < 1e-2  # two small steps from the checkpoint's head, not a fresh one
