@@ -54,3 +54,16 @@ def load_train_state(directory: str | os.PathLike, name: str = STATE_FILE) -> di
         return torch.load(path, weights_only=False)
     except Exception as exc:  # a truncated or foreign file
         raise BebopError(f"corrupt training state {path}: {type(exc).__name__}") from None
+
+
+def master_weights(model: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Exact copies of the parameters whose names start with `prefix`: what a resume restores when
+    the saved model directory holds them rounded (a bfloat16-declared checkpoint, release_dtype)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if name.startswith(prefix)}
+
+
+def restore_master_weights(model: torch.nn.Module, masters: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in masters.items():
+            params[name].copy_(tensor)

@@ -226,13 +226,35 @@ def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float
     with torch.device("meta"):
         skeleton = CausalLM(cfg)  # names and shapes only
     model = CausalLM.from_state_dict(cfg, checked_state(skeleton, model_dir, found, dtype), strict=False)
+    model.shard_bytes = _largest_shard(model_dir)
     return model.to(device).eval()
 
 
+def _largest_shard(model_dir: Path) -> int | None:
+    """The largest shard's size of a sharded checkpoint (saving it back shards it alike), else None."""
+    files = _weight_files(model_dir)
+    if len(files) < 2:
+        return None
+    return max((model_dir / name).stat().st_size for name in files)
+
+
+def release_dtype(model: CausalLM) -> torch.dtype:
+    """The dtype a saved model's weights are written in: the one its config.json declares (a
+    bfloat16 checkpoint comes back bfloat16, as the engines that load it expect), else the model's."""
+    declared = model.config.declared_dtype
+    value = getattr(torch, declared, None) if declared else None
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else model.dtype
+
+
 def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes: int | None = None) -> None:
-    """Write config.json and the weights; `mtp.*` tensors of the model (if any) are saved too."""
+    """Write config.json and the weights; `mtp.*` tensors of the model (if any) are saved too. The
+    input's layout is kept: the family's names (nested for a multimodal Qwen3.5), the dtype its config
+    declares (`release_dtype`; trainers keep float32 masters for resuming, train_state.master_weights),
+    and its sharding (shards up to the size of the largest input shard) unless `max_shard_bytes` is given."""
     model_dir = Path(model_dir)
-    state = model.state_dict()
+    dtype = release_dtype(model)
+    state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in model.state_dict().items()}
+    max_shard_bytes = max_shard_bytes if max_shard_bytes is not None else model.shard_bytes
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = to_hf_state(state, model.config)

@@ -119,6 +119,12 @@ class ModelConfig:
         return 1.0 if self.model_type in ONE_PLUS_W_FAMILIES else 0.0
 
     @property
+    def declared_dtype(self) -> str | None:
+        """The dtype config.json declares for the weights (`dtype`, or the older `torch_dtype`), if any."""
+        value = self.extra.get("dtype", self.extra.get("torch_dtype"))
+        return value if isinstance(value, str) else None
+
+    @property
     def stop_token_ids(self) -> tuple[int, ...]:
         eos = self.eos_token_id
         if eos is None:

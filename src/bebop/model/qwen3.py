@@ -42,6 +42,7 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MTPHead(cfg) if cfg.mtp_num_hidden_layers else None
+        self.shard_bytes: int | None = None  # set by load_model: the input's shard size, kept when saving
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state: dict[str, torch.Tensor], *, strict: bool = True) -> CausalLM:

@@ -27,12 +27,21 @@ from bebop.fields import opt
 from bebop.losses import DRAFT_LOSSES, DraftLossInputs, draft_loss
 from bebop.metrics_log import MetricsLog, require_tensorboard
 from bebop.model.checkpoint import save_model
+from bebop.model.mtp import MTP_PREFIX
 from bebop.mtp.chain import chain_forward, shifted
 from bebop.mtp.data import Sequence, demonstration_data, selfdistill_data
 from bebop.policy import Policy, load_policy
 from bebop.tasks import get_task
 from bebop.tokenizer import copy_tokenizer_files
-from bebop.train_state import check_same_config, load_train_state, rng_state, save_train_state, set_rng_state
+from bebop.train_state import (
+    check_same_config,
+    load_train_state,
+    master_weights,
+    restore_master_weights,
+    rng_state,
+    save_train_state,
+    set_rng_state,
+)
 
 STATE_FILE = "mtp_train_state.pt"
 LOSS_CHUNK_FLOATS = 1 << 22  # loss temporaries per chunk: ~16 MB of float32 (5 chains at K=5, V=151k)
@@ -161,6 +170,8 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     data = load_data(policy, cfg, Path(data_cache or Path(model_dir) / "mtp_data"), progress)
     rng, start = random.Random(cfg.seed), 0
     if state is not None:
+        if "head" in state:  # exact, also where the model directory holds the head rounded to its dtype
+            restore_master_weights(policy.model, state["head"])
         opt.load_state_dict(state["optimizer"])
         rng.setstate(state["data_rng"])
         set_rng_state(state["rng"])
@@ -190,7 +201,8 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
             policy.model.eval()
             save_model(policy.model, out)
             save_train_state(out, {"config": asdict(cfg), "step": step + 1, "optimizer": opt.state_dict(),
-                                   "data_rng": rng.getstate(), "rng": rng_state()}, STATE_FILE)
+                                   "data_rng": rng.getstate(), "rng": rng_state(),
+                                   "head": master_weights(policy.model, MTP_PREFIX)}, STATE_FILE)
             policy.model.train()
     log.close()
     last = log.last

@@ -30,7 +30,7 @@ from bebop.engine.speculative import AUTO
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.metrics_log import MetricsLog, require_tensorboard
-from bebop.model.checkpoint import load_model
+from bebop.model.checkpoint import load_model, release_dtype
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy, load_policy
 from bebop.rl.async_loop import AsyncSource
@@ -46,7 +46,7 @@ from bebop.rl.source import Fetched, RolloutSource
 from bebop.rl.sync_source import SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
 from bebop.tasks import get_task
-from bebop.train_state import check_same_config, rng_state, set_rng_state
+from bebop.train_state import check_same_config, master_weights, restore_master_weights, rng_state, set_rng_state
 
 CONFIG_FILE = "config.json"
 FINAL_MODEL = "model"
@@ -80,6 +80,8 @@ def _restore(ckpt: Checkpoint | None, trainer: PolicyTrainer, online: OnlineMTP 
     if ckpt is None:
         return 0, 0
     state = ckpt.state
+    if state.get("masters"):  # the checkpoint's model directory holds the weights rounded to its dtype
+        restore_master_weights(trainer.policy.model, state["masters"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     if online is not None:
         online.optimizer.load_state_dict(state["mtp_optimizer"])
@@ -89,10 +91,13 @@ def _restore(ckpt: Checkpoint | None, trainer: PolicyTrainer, online: OnlineMTP 
 
 def _checkpoint_state(cfg: RLConfig, step: int, data_index: int, trainer: PolicyTrainer,
                       online: OnlineMTP | None, alarm: DrafterAlarm) -> dict:
+    model = trainer.policy.model
+    rounded = release_dtype(model) != model.dtype  # then the model directory alone would not resume exactly
     return {"config": asdict(cfg), "step": step, "policy_version": trainer.policy_version, "data_index": data_index,
             "drafter_alarm": alarm.state(),
             "optimizer": trainer.optimizer.state_dict(),
-            "mtp_optimizer": online.optimizer.state_dict() if online is not None else None, "rng": rng_state()}
+            "mtp_optimizer": online.optimizer.state_dict() if online is not None else None, "rng": rng_state(),
+            "masters": master_weights(model) if rounded else None}
 
 
 def _watch_drafter(alarm: DrafterAlarm, spec, source, cfg: RLConfig) -> None:
