@@ -50,16 +50,17 @@ TINY_MODEL = (("hidden_size", 32), ("intermediate_size", 64), ("num_hidden_layer
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Every size of the demo. The default takes about 23 minutes on 2 CPU cores from scratch
-    (10.3 with the policy reused; docs/example-report):
+    """Every size of the demo. The default takes about 24 minutes on 2 CPU cores from scratch
+    (11.5 with the policy reused; docs/example-report):
 
     stage                       default sizes                                   measured (2 CPU cores, 2026-11-30)
     1. policy (SFT)             600 steps x 32 sequences, 12-layer default      ~12.5 min (765 s); 0 if reused
-    2. heads ce + e2e_tv        192 self-distilled samples, then 2 x 100 steps   ~0.5 min + 2 x ~2.7 min
+    2. heads ce + e2e_tv        192 self-distilled samples, then 2 x 100 steps   ~0.5 min + 2 x ~2.6 min
                                 x 16 sequences over 5 depths
     3. sweep                    2 heads x {RS, TO} x 5 temperatures, 32 prompts  ~1 min
-    4. RL                       4 runs x 8 steps x (8 prompts x 8 samples),      ~5 min (7-9 s per step)
-                                up to 384 tokens, k auto
+    4. RL                       5 runs x 8 steps x (8 prompts x 8 samples),      ~6 min (6-8 s per step,
+                                up to 384 tokens, k auto; the fifth updates     ~13 with the online update)
+                                the head online (ce)
     Times from one real run (docs/example-report); the report has its own stage-time table.
     """
 
