@@ -157,3 +157,28 @@ def test_slope_interval_by_hand():
     assert low == pytest.approx(0.9 - 1.138467, abs=1e-5) and high == pytest.approx(0.9 + 1.138467, abs=1e-5)
     with pytest.raises(BebopError, match="at least 3 points"):
         slope_interval([0, 1], [0, 1])
+
+
+def test_report_rebuilds_a_loss_study_from_its_json(tmp_path, capsys):
+    """`bebop report FILE.json`: the seeded loss table and its interval plot, from the results alone."""
+    import json
+
+    rows = [{"loss": "ce", "seeds": [0, 1], "mean_entropy": 0.2, "rs_per_position": [0.7, 0.5, 0.4],
+             "rs_acceptance_rate": [0.55, 0.5, 0.6], "to_acceptance_rate": [0.5, 0.45, 0.55],
+             "rs_mean_acceptance_length": [2.6, 2.5, 2.7], "rs_acceptance_rate_vs_ce": [0.0, 0.0, 0.0],
+             "to_acceptance_rate_vs_ce": [0.0, 0.0, 0.0]},
+            {"loss": "e2e_tv", "seeds": [0, 1], "mean_entropy": 0.2, "rs_per_position": [0.7, 0.5, 0.4],
+             "rs_acceptance_rate": [0.57, 0.52, 0.62], "to_acceptance_rate": [0.5, 0.45, 0.55],
+             "rs_mean_acceptance_length": [2.6, 2.6, 2.6], "rs_acceptance_rate_vs_ce": [0.02, -0.01, 0.05],
+             "to_acceptance_rate_vs_ce": [0.0, 0.0, 0.0]}]
+    meta = {"task": "math", "steps": 10, "depths": 3, "k": 3, "temperature": 1.0, "n_eval": 4, "num_samples": 8,
+            "seeds": [0, 1], "ce_warmup": 0.0, "command": "bebop mtp study ..."}
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
+    assert main(["report", str(path)]) == 0
+    text = (tmp_path / "study.md").read_text()
+    assert "| e2e_tv | 57.0% [52.0, 62.0] | +2.0 [-1.0, +5.0] | 50.0% [45.0, 55.0] |" in text
+    assert (tmp_path / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "bad.json").write_text("[1]")
+    assert main(["report", str(tmp_path / "bad.json")]) == 2
+    assert "is not a loss study's results" in capsys.readouterr().err

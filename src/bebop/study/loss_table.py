@@ -5,11 +5,14 @@ then RS and TO acceptance measured in the engine at K and temperature T.
 
 Every head starts from the same initialisation (`--seed`), sees the same self-distillation
 data in the same order, and is evaluated on the same test prompts with the same generator seed.
-Writes OUT/loss_table.json and OUT/loss_table.md (with the command that produced it).
+Writes OUT/loss_table.json, OUT/loss_table.md (with the command that produced it) and
+OUT/loss_table.png (acceptance per loss with its interval over seeds); `bebop report
+OUT/loss_table.json` rebuilds the last two from the first.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import sys
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json, atomic_write_text
 from bebop.model.checkpoint import save_model
 from bebop.mtp.evaluate import evaluate_mtp
@@ -63,8 +67,33 @@ def run_loss_study(policy_dir: str | Path, out: str | Path, *, task: str, losses
             "num_samples": num_samples, "seeds": list(seeds), "ce_warmup": ce_warmup,
             "command": " ".join(shlex.quote(a) for a in sys.argv)}
     atomic_write_json(out / "loss_table.json", {"meta": meta, "rows": rows, "runs": runs})
-    atomic_write_text(out / "loss_table.md", render_table(meta, rows))
+    write_study_report(out / "loss_table.json")
     return rows
+
+
+def write_study_report(results: Path, *, plots: bool = True) -> Path:
+    """RESULTS.md (and RESULTS.png) beside a loss study's RESULTS.json, from it alone; -> the .md path."""
+    from bebop.study.plots import plot_loss_intervals
+
+    data = read_study(results)
+    meta, rows = data["meta"], data["rows"]
+    atomic_write_text(results.with_suffix(".md"), render_table(meta, rows))
+    if plots:
+        cells = {"RS": [r["rs_acceptance_rate"] for r in rows], "TO": [r["to_acceptance_rate"] for r in rows]}
+        plot_loss_intervals([r["loss"] for r in rows], cells, results.with_suffix(".png"),
+                            f"Acceptance per draft loss: {meta['task']}, K={meta['k']}, T={meta['temperature']:g}, "
+                            f"{len(meta['seeds'])} seed(s)")
+    return results.with_suffix(".md")
+
+
+def read_study(results: Path) -> dict:
+    try:
+        data = json.loads(results.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BebopError(f"cannot read the loss study {results}: {exc}") from None
+    if not isinstance(data, dict) or not {"meta", "rows"} <= set(data):
+        raise BebopError(f"{results} is not a loss study's results (no meta and rows)")
+    return data
 
 
 def _one_head(policy_dir: Path, out: Path, task: str, loss: str, seed: int, *, steps: int, depths: int, k: int,

@@ -154,3 +154,21 @@ def plot_online(runs: Sequence[tuple[str, Sequence[int], Sequence[float], Sequen
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, title="online MTP")
     return _save(fig, path)
+
+
+def plot_loss_intervals(losses: Sequence[str], cells: dict[str, Sequence[Sequence[float]]], path: Path,
+                        title: str) -> Path:
+    """cells: rule label -> per loss [mean, low, high] acceptance (a 95% interval over seeds); bars
+    with their intervals, one group per loss."""
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    width = 0.8 / max(1, len(cells))
+    for i, (label, values) in enumerate(cells.items()):
+        xs = [j + (i - (len(cells) - 1) / 2) * width for j in range(len(losses))]
+        means = [v[0] for v in values]
+        err = [[v[0] - v[1] for v in values], [v[2] - v[0] for v in values]]
+        ax.bar(xs, means, width, yerr=err, capsize=4, label=label, color=f"C{i}")
+    ax.set_xticks(list(range(len(losses))), list(losses))
+    ax.set_ylabel("acceptance rate (mean over seeds, 95% interval)")
+    ax.set_ylim(0, 1)
+    return _finish(fig, ax, title, path)

@@ -91,7 +91,9 @@ def section_loss_table(res: DemoResults) -> list[str]:
     lines += [train + f"Acceptance measured by speculative generation at K={meta['k']}, T={t:g} on "
               f"{meta['n']} {meta['split']} prompts (seed {meta['seed']}, at most {meta['max_new_tokens']} new tokens); "
               "acceptance rate = accepted / drafted tokens, mean accept length = 1 + accepted / drafts. "
-              "Source: `results/sweep-<loss>.json`, rows at this temperature.", ""]
+              "Source: `results/sweep-<loss>.json`, rows at this temperature. One head per loss: the "
+              "difference between heads is within seed-to-seed spread unless `bebop mtp study --seeds` "
+              "(means with 95% intervals over seeds; docs/results/loss-study.md) says otherwise.", ""]
     lines += table(["head loss", "RS acceptance", "TO acceptance", "RS mean accept length", "TO mean accept length",
                      "RS per position", "mean entropy (nats)", "final train loss"], rows)
     return lines + ["", "![loss table](plots/loss_table.png)", ""]
