@@ -6,7 +6,7 @@ them from the saved results (bebop.study.report).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -156,7 +156,7 @@ def plot_online(runs: Sequence[tuple[str, Sequence[int], Sequence[float], Sequen
     return _save(fig, path)
 
 
-def plot_loss_intervals(losses: Sequence[str], cells: dict[str, Sequence[Sequence[float]]], path: Path,
+def plot_loss_intervals(losses: Sequence[str], cells: Mapping[str, Sequence[Sequence[float]]], path: Path,
                         title: str) -> Path:
     """cells: rule label -> per loss [mean, low, high] acceptance (a 95% interval over seeds); bars
     with their intervals, one group per loss."""
