@@ -23,12 +23,31 @@ def hf_qwen35_config(**overrides):
     return Qwen3_5TextConfig(**fields)
 
 
-def make_hf_qwen35(seed: int = 0, std: float = 0.3, **overrides):
-    """A transformers Qwen3_5ForCausalLM with random weights: (1 + w) norms off zero, gated norms off one."""
-    from transformers import Qwen3_5ForCausalLM
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+
+
+def hf_qwen35_moe_config(**overrides):
+    from transformers import Qwen3_5MoeTextConfig
+
+    dense = hf_qwen35_config().to_dict()
+    fields = {k: dense[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                    "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                                    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                    "linear_value_head_dim", "linear_conv_kernel_dim", "layer_types", "eos_token_id",
+                                    "pad_token_id", "rope_parameters")}
+    return Qwen3_5MoeTextConfig(**{**fields, **MOE, **overrides})
+
+
+def make_hf_qwen35(seed: int = 0, std: float = 0.3, moe: bool = False, **overrides):
+    """A transformers Qwen3_5ForCausalLM (Qwen3_5MoeForCausalLM with moe=True) with random weights:
+    (1 + w) norms off zero, gated norms off one."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(hf_qwen35_config(**overrides)).eval()
+    if moe:
+        model = Qwen3_5MoeForCausalLM(hf_qwen35_moe_config(**overrides)).eval()
+    else:
+        model = Qwen3_5ForCausalLM(hf_qwen35_config(**overrides)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("linear_attn.norm.weight"):

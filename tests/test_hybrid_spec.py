@@ -67,3 +67,15 @@ def test_oracle_drafts_are_mostly_accepted_on_the_hybrid(hybrid, monkeypatch):
     _, metrics = spec.speculative_generate(hybrid, prompts, k=3, mode="rs", max_new_tokens=24,
                                            sampling=SamplingParams(0.0))
     assert metrics.acceptance_rate == 1.0
+
+
+def test_greedy_equals_plain_on_the_moe_hybrid(tmp_path):
+    """The MoE variant: every MLP, the head's included, a sparse MoE block."""
+    make_hf_qwen35(seed=4, moe=True).save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    prompts = ids_of(PROMPTS)
+    ref = generate(model, prompts, max_new_tokens=20, sampling=SamplingParams(0.0), stop_ids=[EOS])
+    gens, metrics = spec.speculative_generate(model, prompts, k=3, mode="rs", max_new_tokens=20,
+                                              sampling=SamplingParams(0.0), stop_ids=[EOS])
+    assert [g.token_ids for g in gens] == [g.token_ids for g in ref] and metrics.num_drafts > 0

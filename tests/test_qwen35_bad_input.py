@@ -35,7 +35,9 @@ def test_the_good_directory_generates(capsys, qwen35_dir):
 
 
 @pytest.mark.parametrize("change,needle", [
-    ({"model_type": "qwen3_5_moe"}, "model_type 'qwen3_5_moe' is not supported"),
+    ({"model_type": "qwen3_next"}, "model_type 'qwen3_next' is not supported"),
+    ({"model_type": "qwen3_5_moe_text", "num_experts": 2, "num_experts_per_tok": 3},
+     "num_experts_per_tok (3) exceeds num_experts (2)"),
     ({"layer_types": ["linear_attention", "full_attention", "linear_attention"]}, "layer_types has 3 entries"),
     ({"layer_types": ["linear_attention", "sliding_attention", "full_attention", "full_attention"]},
      "unknown layer type(s) sliding_attention"),
@@ -79,3 +81,27 @@ def test_mtp_train_warm_starts_from_the_checkpoints_head(qwen35_dir, tmp_path):
     assert after.config.model_type == "qwen3_5_text" and after.config.linear_layers
     moved = (after.mtp.fc.weight - before.fc.weight).abs().max().item()
     assert 0 < moved < 1e-2  # two small steps from the checkpoint's head, not a fresh one
+
+
+@pytest.mark.parametrize("spec", [[], ["--spec", "rs", "--k", "3"]])
+def test_cli_greedy_equals_transformers_greedy(qwen35_dir, tmp_path, spec):
+    """Parity through the command line: `bebop generate --temperature 0` (plain, and speculative with
+    the checkpoint's head) emits what transformers' greedy generate emits on the same weights."""
+    from transformers import Qwen3_5ForCausalLM
+
+    from conftest import CHAR_CODEC
+
+    prompts = ["hello world", "Q: 12 + 7 = ?"]
+    out = tmp_path / "gen.jsonl"
+    args = ["generate", "--model", str(qwen35_dir), "--max-new-tokens", "16", "--temperature", "0", "--out", str(out)]
+    assert main([*args, *[a for p in prompts for a in ("--prompt", p)], *spec]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(len(r["completion"]) >= 4 for r in rows), rows  # not a trivially empty comparison
+    hf = Qwen3_5ForCausalLM.from_pretrained(qwen35_dir).eval()
+    for prompt, row in zip(prompts, rows):
+        ids = torch.tensor([CHAR_CODEC.encode(prompt)])
+        with torch.no_grad():
+            new = hf.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1]:].tolist()
+        if CHAR_CODEC.eos_id in new:
+            new = new[: new.index(CHAR_CODEC.eos_id)]
+        assert row["completion"] == CHAR_CODEC.decode(new), (prompt, row)

@@ -139,9 +139,9 @@ def _check_and_cast(expected: dict[str, torch.Tensor], found: dict[str, torch.Te
 def _fused_parts(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
     """fused module name -> [(Hugging Face module name, rows)] stacked along dim 0."""
     q = cfg.num_attention_heads * cfg.head_dim * (2 if cfg.attn_output_gate else 1)  # Qwen3.5: query and gate
-    kv, inter = cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+    kv = cfg.num_key_value_heads * cfg.head_dim
     return {"qkv_proj": [("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
-            "gate_up_proj": [("gate_proj", inter), ("up_proj", inter)]}
+            "gate_up_proj": [("gate_proj", 0), ("up_proj", 0)]}  # 0: halves (MLP, experts, shared expert alike)
 
 
 def _split_name(name: str) -> tuple[str, str, str] | None:
@@ -162,7 +162,8 @@ def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, t
             out[name] = tensor
             continue
         prefix, fused, suffix = split
-        pieces = tensor.split([rows for _, rows in table[fused]], dim=0)
+        sizes = [rows or tensor.shape[0] // len(table[fused]) for _, rows in table[fused]]
+        pieces = tensor.split(sizes, dim=0)
         for (part, _), piece in zip(table[fused], pieces):
             out[prefix + part + suffix] = piece
     return out

@@ -21,11 +21,13 @@ from pathlib import Path
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5", "qwen3_5_text")
-ONE_PLUS_W_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe")
-HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_text")  # gated attention, partial rotary, layer_types
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")  # gated attention, layer_types
+ONE_PLUS_W_FAMILIES = ("qwen3_next", *HYBRID_FAMILIES)
+MOE_FAMILIES = ("qwen3_5_moe", "qwen3_5_moe_text")  # every MLP a sparse MoE block with a shared expert
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
-                 "qwen3_5": "Qwen3_5ForConditionalGeneration"}
+                 "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+                 "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
 LAYER_TYPES = ("full_attention", "linear_attention")
 
 
@@ -57,6 +59,11 @@ class ModelConfig:
     linear_value_head_dim: int = 128
     linear_num_key_heads: int = 16
     linear_num_value_heads: int = 32
+    # the Qwen3.5 MoE: every MLP routes each token to num_experts_per_tok of num_experts, plus a shared expert
+    num_experts: int = 0  # 0: dense MLPs
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 512
+    shared_expert_intermediate_size: int = 512
     extra: dict = field(default_factory=dict, compare=False)  # fields we carry but do not use
     outer: dict = field(default_factory=dict, compare=False)  # a multimodal wrapper's own keys (text_config nested)
 
@@ -74,6 +81,14 @@ class ModelConfig:
             raise BebopError(f"config.json: mtp_num_hidden_layers must be >= 0, got {self.mtp_num_hidden_layers}")
         if self.layer_types:
             self._check_hybrid()
+        if self.num_experts:
+            for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"):
+                value = getattr(self, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise BebopError(f"config.json: {name} must be a positive integer, got {value!r}")
+            if self.num_experts_per_tok > self.num_experts:
+                raise BebopError(f"config.json: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
+                                 f"num_experts ({self.num_experts})")
 
     def _check_hybrid(self) -> None:
         if len(self.layer_types) != self.num_hidden_layers:
@@ -160,8 +175,11 @@ class ModelConfig:
         kwargs["rope_theta"] = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
         if model_type in HYBRID_FAMILIES:
             kwargs.update(_hybrid_fields(raw, rope))
+            if model_type in MOE_FAMILIES:
+                kwargs.update({k: raw[k] for k in MOE_FIELDS if k in raw})
+                kwargs.setdefault("num_experts", 256)  # transformers' default
         else:  # a dense config may list its (full attention) layer types; the hybrid's fields do not apply
-            kwargs = {k: v for k, v in kwargs.items() if k not in HYBRID_FIELDS[1:]}
+            kwargs = {k: v for k, v in kwargs.items() if k not in HYBRID_FIELDS[1:] + MOE_FIELDS}
             kwargs["layer_types"] = tuple(kwargs.get("layer_types") or ())
         kwargs["extra"] = {k: v for k, v in raw.items() if k not in cls.__dataclass_fields__
                            and k not in ("rope_parameters", "rope_scaling")}
@@ -181,6 +199,9 @@ class ModelConfig:
         out["hidden_act"] = "silu"
         if not self.mtp_num_hidden_layers:
             out.pop("mtp_num_hidden_layers")
+        if not self.num_experts:
+            for name in MOE_FIELDS:
+                out.pop(name)
         if self.model_type not in HYBRID_FAMILIES:
             for name in HYBRID_FIELDS:
                 out.pop(name)
@@ -191,12 +212,13 @@ class ModelConfig:
             out.pop("attn_output_gate")  # implied by the family
         if self.outer:  # the multimodal wrapper, as it was read, around the text model
             text = {k: v for k, v in out.items() if k != "tie_word_embeddings"}
-            text["model_type"] = "qwen3_5_text"
+            text["model_type"] = self.model_type.removesuffix("_text") + "_text"
             return {**self.outer, "text_config": text, "architectures": self.outer.get("architectures", [
                 ARCHITECTURES[self.model_type]])}
         return {**out, "architectures": [ARCHITECTURES.get(self.model_type, "Qwen3ForCausalLM")]}
 
 
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
 HYBRID_FIELDS = ("layer_types", "attn_output_gate", "partial_rotary_factor", "linear_conv_kernel_dim",
                  "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")
 

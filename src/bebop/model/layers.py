@@ -128,14 +128,42 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+class SparseMoE(nn.Module):
+    """The Qwen3.5 MoE block: a softmax router picks num_experts_per_tok experts per token (their
+    weights renormalised to sum to 1), plus a shared expert scaled by sigmoid(shared_expert_gate(x)).
+    Names as the checkpoints store them: gate (the router), experts.{e}.*, shared_expert.*."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.top_k = cfg.num_experts_per_tok
+        self.gate = nn.Linear(h, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(h, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
+        self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(h, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (N, H)
+        probs = torch.softmax(self.gate(flat).float(), dim=-1)  # (N, E)
+        weights, chosen = probs.topk(self.top_k, dim=-1)  # (N, k)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)  # (N, H)
+        for e in chosen.unique().tolist():  # only the experts some token chose
+            rows, slot = torch.where(chosen == e)
+            out = out.index_add(0, rows, self.experts[e](flat[rows]) * weights[rows, slot, None])
+        return out.reshape(x.shape)
 
 
 class DecoderLayer(nn.Module):
@@ -152,7 +180,7 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = Attention(cfg, slot)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, offset)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.num_experts else MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         h = self.input_layernorm(x)
