@@ -1,12 +1,16 @@
-"""A policy = model + tokenizer from one model directory, checked against each other."""
+"""A policy = model + tokenizer (+ chat template, + generation config's stop tokens) from one model
+directory, checked against each other."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from bebop.chat import ChatTemplate, load_chat_template, render_chat
 from bebop.errors import BebopError
 from bebop.model.checkpoint import load_model
 from bebop.model.qwen3 import CausalLM
@@ -19,13 +23,25 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class Policy:
     model: CausalLM
     codec: TextCodec
+    chat: ChatTemplate | None = None  # the tokenizer's chat template, if the model ships one
+    generation_stop_ids: tuple[int, ...] = ()  # generation_config.json's eos_token_id(s)
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
-        ids = set(self.model.config.stop_token_ids)
+        ids = set(self.model.config.stop_token_ids) | set(self.generation_stop_ids)
         if self.codec.eos_id is not None:
             ids.add(self.codec.eos_id)
         return tuple(sorted(ids))
+
+    def prompt_text(self, prompt: str | list[dict], what: str = "prompt") -> str:
+        """A prompt as the model reads it: text as given, a list of chat messages rendered with the
+        model's chat template (generation prompt added)."""
+        if isinstance(prompt, str):
+            return prompt
+        if self.chat is None:
+            raise BebopError(f"{what} is a list of chat messages, but the model has no chat template "
+                             f"(`chat_template` in tokenizer_config.json, or chat_template.jinja)")
+        return render_chat(self.chat, prompt, what=what)
 
     @property
     def pad_id(self) -> int:
@@ -48,4 +64,20 @@ def load_policy(model_dir: str | os.PathLike, *, dtype: str = "float32", device:
     if codec.vocab_size > model.config.vocab_size:
         raise BebopError(f"tokenizer has {codec.vocab_size} tokens but the model's vocab_size is "
                          f"{model.config.vocab_size} (vocab mismatch)")
-    return Policy(model=model, codec=codec)
+    return Policy(model=model, codec=codec, chat=load_chat_template(model_dir),
+                  generation_stop_ids=generation_stop_ids(model_dir))
+
+
+def generation_stop_ids(model_dir: str | os.PathLike) -> tuple[int, ...]:
+    """generation_config.json's `eos_token_id` (one id or a list): where the model's chat turns end."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise BebopError(f"{path} is not a valid generation config: {exc}") from None
+    ids = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise BebopError(f"{path}: eos_token_id must be a token id or a list of them, got {value!r}")
+    return tuple(ids)

@@ -10,6 +10,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from bebop.chat import check_messages
 from bebop.engine import generate
 from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.metrics import SpecMetrics
@@ -17,7 +18,7 @@ from bebop.engine.speculative import AUTO, check_spec_flags, parse_k, speculativ
 from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
-from bebop.jsonl import dumps_rows, read_jsonl, write_jsonl
+from bebop.jsonl import dumps_rows, read_numbered, write_jsonl
 from bebop.policy import Policy, load_policy
 from bebop.sampling import SamplingParams
 
@@ -26,10 +27,16 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
 
-def collect_prompts(args: argparse.Namespace) -> list[str]:
-    prompts = list(args.prompt)
+def collect_prompts(args: argparse.Namespace) -> list[str | list[dict]]:
+    """--prompt texts, then --prompts rows: `prompt` (text, or a list of chat messages) or `messages`."""
+    prompts: list[str | list[dict]] = list(args.prompt)
     if args.prompts:
-        prompts += [str(row["prompt"]) for row in read_jsonl(args.prompts, required=("prompt",))]
+        for number, row in read_numbered(args.prompts):
+            if "prompt" not in row and "messages" not in row:
+                raise BebopError(f"{args.prompts}: row {number} has no 'prompt' (or 'messages') key")
+            value = row.get("prompt", row.get("messages"))
+            what = f"{args.prompts}: row {number}"
+            prompts.append(check_messages(value, what) if isinstance(value, list) else str(value))
     if not prompts:
         raise BebopError("give at least one --prompt or a --prompts FILE.jsonl")
     for i, text in enumerate(prompts):
@@ -92,8 +99,9 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
 
 
 def run_generate(args: argparse.Namespace) -> None:
-    prompts = collect_prompts(args)
+    given = collect_prompts(args)
     policy = load_policy(args.model, dtype=args.dtype, device=args.device)
+    prompts = [policy.prompt_text(p, f"prompt {i}") for i, p in enumerate(given)]  # chats rendered
     rows, metrics = generate_rows(policy, prompts, args)
     if args.out:
         write_jsonl(args.out, rows)

@@ -1,0 +1,93 @@
+"""Chat templates (issue 16, part 2): messages rendered as transformers renders the model's own
+template; generate --prompts takes messages; generation_config.json's stop tokens; clear errors."""
+
+import json
+import shutil
+
+import pytest
+
+from bebop.chat import load_chat_template, render_chat
+from bebop.cli import main
+from bebop.errors import BebopError
+from bebop.policy import load_policy
+
+# the shape of Qwen's template: system default, roles in im_start/im_end, tools as JSON, generation prompt
+TEMPLATE = (
+    "{%- if messages[0]['role'] != 'system' %}{{- '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- if tools %}{{- tools | tojson }}{%- endif %}")
+CHATS = [[{"role": "user", "content": "What is 2 + 2?"}],
+         [{"role": "system", "content": "Be brief. é"}, {"role": "user", "content": "hi"},
+          {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]]
+
+
+@pytest.fixture()
+def chat_model(tiny_model_dir, tmp_path):
+    path = shutil.copytree(tiny_model_dir, tmp_path / "m")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    return path
+
+
+@pytest.mark.parametrize("chat", CHATS)
+def test_rendering_equals_transformers(chat_model, chat):
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast.from_pretrained(chat_model)
+    expected = hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert render_chat(load_chat_template(chat_model), chat) == expected
+    assert expected.endswith("<|im_start|>assistant\n")
+
+
+def test_template_file_and_named_templates(chat_model):
+    config = json.loads((chat_model / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (chat_model / "tokenizer_config.json").write_text(json.dumps(config))
+    assert load_chat_template(chat_model) is None
+    (chat_model / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}{{ eos_token }}")
+    assert render_chat(load_chat_template(chat_model), CHATS[0]) == "[What is 2 + 2?]<eos>"
+    (chat_model / "chat_template.jinja").unlink()
+    named = [{"name": "tool_use", "template": "no"}, {"name": "default", "template": "{{ messages | length }}"}]
+    (chat_model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": named}))
+    assert render_chat(load_chat_template(chat_model), CHATS[1]) == "4"
+
+
+def test_generate_renders_message_prompts(chat_model, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    short = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]  # a 128-token context
+    prompts.write_text(json.dumps({"prompt": CHATS[0]}) + "\n" + json.dumps({"messages": short}) + "\n"
+                       + json.dumps({"prompt": "plain text"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--model", str(chat_model), "--prompts", str(prompts), "--max-new-tokens", "3",
+                 "--temperature", "0", "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    policy = load_policy(chat_model, device="cpu")
+    assert [r["prompt"] for r in rows] == [policy.prompt_text(CHATS[0]), policy.prompt_text(short), "plain text"]
+    assert rows[0]["prompt"].startswith("<|im_start|>system\nYou are helpful.")
+
+
+def test_generation_config_stop_tokens(chat_model):
+    (chat_model / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    assert {7, 9} <= set(load_policy(chat_model, device="cpu").stop_ids)
+    (chat_model / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
+    with pytest.raises(BebopError, match="eos_token_id must be a token id"):
+        load_policy(chat_model, device="cpu")
+
+
+def test_errors_name_the_problem(chat_model, tiny_model_dir, tmp_path, capsys):
+    with pytest.raises(BebopError, match="failed to render prompt: unknown role tool"):
+        render_chat(load_chat_template(chat_model), [{"role": "tool", "content": "x"}])
+    with pytest.raises(BebopError, match="message 0 needs a 'role' and a 'content' string"):
+        render_chat(load_chat_template(chat_model), [{"role": "user"}])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": CHATS[0]}) + "\n")
+    assert main(["generate", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--max-new-tokens", "2"]) == 2
+    assert "prompt 0 is a list of chat messages, but the model has no chat template" in capsys.readouterr().err
+    prompts.write_text(json.dumps({"text": "x"}) + "\n")
+    assert main(["generate", "--model", str(chat_model), "--prompts", str(prompts), "--max-new-tokens", "2"]) == 2
+    assert "row 1 has no 'prompt' (or 'messages') key" in capsys.readouterr().err
