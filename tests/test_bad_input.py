@@ -102,7 +102,7 @@ def test_prompts_file_missing_key(capsys, tiny_model_dir, tmp_path):
     (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"text": "b"}\n')
     code, err = _run(capsys, "--model", str(tiny_model_dir), "--prompts", str(tmp_path / "p.jsonl"),
                      "--max-new-tokens", "3")
-    assert code == 2 and len(err) == 1 and "row 2 has no 'prompt' key" in err[0]
+    assert code == 2 and len(err) == 1 and "row 2 has no 'prompt' (or 'messages') key" in err[0]
 
 
 @pytest.mark.parametrize("flag,value", [("--dtype", "float64"), ("--temperature", "hot")])

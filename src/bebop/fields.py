@@ -16,3 +16,18 @@ from typing import Any
 def opt(default: Any, help: str, **meta: Any) -> Any:
     """A field with `default`; `help` and e.g. `choices=`, `parse=` (text -> value) go in its metadata."""
     return dataclasses.field(default=default, metadata={"help": help, **meta})
+
+
+SWITCH = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
+
+
+def parse_switch(text: str | bool) -> bool:
+    """A yes/no setting's text: on/off (true/false, 1/0, yes/no)."""
+    if isinstance(text, bool):
+        return text
+    from bebop.errors import BebopError
+
+    value = SWITCH.get(str(text).strip().lower())
+    if value is None:
+        raise BebopError(f"expected on or off, got {text!r}")
+    return value

@@ -25,6 +25,7 @@ class Generation:
     entropies: list[float] = field(default_factory=list)
     policy_mask: list[bool] = field(default_factory=list)
     finish_reason: str | None = None
+    forwards: int = 0  # target forwards that emitted tokens for this row (tokens / forwards: its accept length)
 
     @property
     def done(self) -> bool:

@@ -37,6 +37,7 @@ class RowBook:
 
         Sets the row's next input: the last kept token, plus any observation it triggered."""
         row = self.rows[b]
+        row.forwards += 1
         kept = 0
         for tok, lp, ent in zip(tokens, logprobs, entropies):
             if row.done:

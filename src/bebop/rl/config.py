@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from bebop.engine.speculative import check_spec_flags, parse_k
 from bebop.errors import BebopError
-from bebop.fields import opt
+from bebop.fields import opt, parse_switch
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
 
@@ -55,6 +55,8 @@ class RLConfig:
     batch_size: int = opt(64, "engine rows per generate call")
     rollout_threads: int = opt(0, "async: torch threads of the rollout worker (0 = torch's default)")
     train_threads: int = opt(0, "async: torch threads of the trainer (0 = torch's default)")
+    dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",
+                              parse=parse_switch)
 
     def __post_init__(self) -> None:
         self.validate()  # a config that exists is a valid one (flags, --config files and the API alike)

@@ -41,6 +41,7 @@ from bebop.rl.metrics import METRICS_FILE, StepMetrics, length_percentiles
 from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
 from bebop.rl.ray_backend import RaySource
 from bebop.rl.ray_connect import preflight
+from bebop.rl.rollout_dump import dump_rollouts
 from bebop.rl.sampler import RolloutSampler
 from bebop.rl.source import Fetched, RolloutSource
 from bebop.rl.sync_source import SyncSource
@@ -224,6 +225,8 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
             _watch_drafter(alarm, fetched.batch.spec, source, cfg)
             t2 = time.perf_counter()
             m = step_metrics(step + 1, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0, alarm.raised)
+            if cfg.dump_rollouts:
+                dump_rollouts(out, step + 1, fetched.batch, trainer.policy.codec)
             writer.write(asdict(m))
             history.append(m)
             bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")

@@ -16,6 +16,12 @@ class Rollout:
     reward: float
     policy_version: int  # the weights that sampled it
     truncated: bool = False  # cut by max_new_tokens (or the context) before a stop token
+    target_forwards: int = 0  # target forwards that emitted its tokens (speculative: fewer than its tokens)
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Policy tokens per target forward (1.0 without drafting); None when nothing was emitted."""
+        return self.num_policy_tokens / self.target_forwards if self.target_forwards else None
 
     @property
     def num_policy_tokens(self) -> int:

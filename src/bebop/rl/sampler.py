@@ -77,7 +77,8 @@ class RolloutSampler:
         model.train(was_training)
         rollouts = [Rollout(ep.generation.prompt_ids, ep.generation.token_ids, ep.generation.logprobs,
                             ep.generation.policy_mask, ep.reward, policy_version,
-                            truncated=ep.generation.finish_reason == FINISH_LENGTH) for ep in episodes]
+                            truncated=ep.generation.finish_reason == FINISH_LENGTH,
+                            target_forwards=ep.generation.forwards) for ep in episodes]
         summary = summarize(episodes)
         return RolloutBatch(rollouts, cfg.group_size, policy_version, index, rollout_s,
                             merged(sink, cfg.draft_depths) if sink else None, summary["pass_rate"], summary["mean_entropy"])
