@@ -68,11 +68,8 @@ class ModelConfig:
     outer: dict = field(default_factory=dict, compare=False)  # a multimodal wrapper's own keys (text_config nested)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise BebopError(f"config.json: {name} must be a positive integer, got {value!r}")
+        self._check_positive("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                             "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
         if self.num_attention_heads % self.num_key_value_heads:
             raise BebopError(
                 f"config.json: num_attention_heads ({self.num_attention_heads}) is not a multiple of "
@@ -82,13 +79,16 @@ class ModelConfig:
         if self.layer_types:
             self._check_hybrid()
         if self.num_experts:
-            for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"):
-                value = getattr(self, name)
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise BebopError(f"config.json: {name} must be a positive integer, got {value!r}")
+            self._check_positive(*MOE_FIELDS)
             if self.num_experts_per_tok > self.num_experts:
                 raise BebopError(f"config.json: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
                                  f"num_experts ({self.num_experts})")
+
+    def _check_positive(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BebopError(f"config.json: {name} must be a positive integer, got {value!r}")
 
     def _check_hybrid(self) -> None:
         if len(self.layer_types) != self.num_hidden_layers:
@@ -98,11 +98,7 @@ class ModelConfig:
         if unknown:
             raise BebopError(f"config.json: unknown layer type(s) {', '.join(unknown)} (known: {', '.join(LAYER_TYPES)})")
         if "linear_attention" in self.layer_types:
-            for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
-                         "linear_num_key_heads", "linear_num_value_heads"):
-                value = getattr(self, name)
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise BebopError(f"config.json: {name} must be a positive integer, got {value!r}")
+            self._check_positive(*HYBRID_FIELDS[3:])
             if self.linear_num_value_heads % self.linear_num_key_heads:
                 raise BebopError(f"config.json: linear_num_value_heads ({self.linear_num_value_heads}) is not a "
                                  f"multiple of linear_num_key_heads ({self.linear_num_key_heads})")

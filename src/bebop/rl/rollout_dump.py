@@ -32,6 +32,5 @@ def dump_rollouts(run_dir: Path, step: int, batch: RolloutBatch, codec: TextCode
              "acceptance_length": None if r.acceptance_length is None else round(r.acceptance_length, 4),
              "truncated": r.truncated} for i, r in enumerate(batch.rollouts)]
     path = rollout_path(run_dir, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl(path, rows)
+    write_jsonl(path, rows)  # atomic; makes the rollouts directory
     return path

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bebop.study.entropy_law import LinearFit, slope_interval
 from bebop.study.report_format import f2, f3, missing, per_pos, table
-from bebop.study.results import BASELINE_RUN, DemoResults, RLRun, online_strategy
+from bebop.study.results import BASELINE_RUN, DemoResults, RLRun, base_run, online_strategy
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def online_groups(res: DemoResults) -> dict[str, list[RLRun]]:
     """Base run name -> [the frozen-head run, its online-update runs] for every base with an online run."""
     groups: dict[str, list[RLRun]] = {}
     for name, run in res.rl.items():
-        groups.setdefault(name.split("-online-", 1)[0], []).append(run)
+        groups.setdefault(base_run(name), []).append(run)
     return {base: runs for base, runs in groups.items() if any(online_strategy(r.name) != "none" for r in runs)}
 
 

@@ -86,6 +86,11 @@ def load_results(root: str | Path) -> DemoResults:
     return res
 
 
+def base_run(name: str) -> str:
+    """The run a name updates online from: sync-rs-online-ce -> sync-rs (a frozen-head run is its own)."""
+    return name.split(ONLINE_TAG, 1)[0]
+
+
 def online_strategy(name: str) -> str:
     """The online MTP strategy of a run from its name (layout.rl_name): "none" for a frozen head."""
     return name.split(ONLINE_TAG, 1)[1] if ONLINE_TAG in name else "none"
@@ -93,7 +98,6 @@ def online_strategy(name: str) -> str:
 
 def _run_order(name: str) -> tuple:
     """sync before async, spec off before to before rs, the frozen head before online updates, then by name."""
-    base = name.split(ONLINE_TAG, 1)[0]
-    mode, _, spec = base.partition("-")
+    mode, _, spec = base_run(name).partition("-")
     return (RUN_MODES.index(mode) if mode in RUN_MODES else 9, RUN_SPECS.index(spec) if spec in RUN_SPECS else 9,
             online_strategy(name) != "none", name)
