@@ -78,4 +78,5 @@ def headed(tmp_path_factory):
 
 @pytest.fixture()
 def digit_reward(monkeypatch):
-    monkeypatch.setattr("bebop.rl.loop.get_task", lambda name, difficulty=1: DigitTask(get_task(name, difficulty)))
+    monkeypatch.setattr("bebop.rl.loop.run_task",
+                        lambda policy, *, task, difficulty, **_: DigitTask(get_task(task, difficulty)))

@@ -2,7 +2,6 @@
 template; generate --prompts takes messages; generation_config.json's stop tokens; clear errors."""
 
 import json
-import shutil
 
 import pytest
 
@@ -10,17 +9,8 @@ from bebop.chat import load_chat_template, render_chat
 from bebop.cli import main
 from bebop.errors import BebopError
 from bebop.policy import load_policy
+from data_helpers import with_chat_template
 
-# the shape of Qwen's template: system default, roles in im_start/im_end, tools as JSON, generation prompt
-TEMPLATE = (
-    "{%- if messages[0]['role'] != 'system' %}{{- '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{ raise_exception('unknown role ' + message['role']) }}{%- endif %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-    "{%- if tools %}{{- tools | tojson }}{%- endif %}")
 CHATS = [[{"role": "user", "content": "What is 2 + 2?"}],
          [{"role": "system", "content": "Be brief. é"}, {"role": "user", "content": "hi"},
           {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]]
@@ -28,10 +18,7 @@ CHATS = [[{"role": "user", "content": "What is 2 + 2?"}],
 
 @pytest.fixture()
 def chat_model(tiny_model_dir, tmp_path):
-    path = shutil.copytree(tiny_model_dir, tmp_path / "m")
-    config = json.loads((path / "tokenizer_config.json").read_text())
-    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
-    return path
+    return with_chat_template(tiny_model_dir, tmp_path / "m")
 
 
 @pytest.mark.parametrize("chat", CHATS)

@@ -63,7 +63,7 @@ def test_a_run_dir_config_json_restarts_the_same_run(tmp_path):
     ('{"model": "m"', ".json", "not valid JSON"),
     ("model = ", ".toml", "not valid TOML"),
     ("[1, 2]", ".json", "must hold a table"),
-    ('{"model": "m"}', ".json", "--task, --steps required"),
+    ('{"model": "m"}', ".json", "--steps required"),
 ])
 def test_bad_config_files_are_clear_errors(tmp_path, content, suffix, message):
     path = tmp_path / f"cfg{suffix}"
@@ -76,7 +76,11 @@ def test_missing_config_file_and_missing_required_flags(tmp_path, capsys):
     with pytest.raises(BebopError, match="no such file"):
         _rl_values(tmp_path, "--config", str(tmp_path / "absent.toml"))
     assert main(["rl", "--out", str(tmp_path / "run"), "--model", "m"]) == 2
-    assert "--task, --steps required" in capsys.readouterr().err
+    assert "--steps required" in capsys.readouterr().err
+    assert main(["rl", "--out", str(tmp_path / "run"), "--model", "m", "--steps", "1"]) == 2
+    assert "--task or --data required" in capsys.readouterr().err
+    assert main(["sft", "--out", str(tmp_path / "run")]) == 2
+    assert "--task or --data required" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 

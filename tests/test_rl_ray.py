@@ -104,11 +104,6 @@ def test_a_ray_connection_error_becomes_a_bebop_error_naming_the_address(monkeyp
 
 # --- on Ray ------------------------------------------------------------------------------------
 
-@pytest.fixture()
-def digit_reward(monkeypatch):
-    monkeypatch.setattr("bebop.rl.loop.get_task", lambda name, difficulty=1: DigitTask(get_task(name, difficulty)))
-
-
 def test_ray_and_local_async_sample_the_same_rollout_distribution(headed, tmp_path, digit_reward, ray_session):
     """One worker, same seed: the Ray run and the local async run hand out the same (data index,
     policy version) schedule (versions 0, 0, 1, 2, ...: one batch sampled ahead while the trainer
@@ -213,8 +208,8 @@ class FlakyTask(DigitTask):
 def test_worker_death_and_a_crashed_run_lose_no_batch_and_count_none_twice(headed, tmp_path, monkeypatch,
                                                                             ray_session):
     steps, kill_index, crash_index = 6, 1, 4
-    monkeypatch.setattr("bebop.rl.loop.get_task", lambda name, difficulty=1: FlakyTask(
-        get_task(name, difficulty), 0, kill_index, crash_index, tmp_path))
+    monkeypatch.setattr("bebop.rl.loop.run_task", lambda policy, *, task, difficulty, **_: FlakyTask(
+        get_task(task, difficulty), 0, kill_index, crash_index, tmp_path))
     cfg = rl_cfg(headed, mode="async", spec="rs", k=2, steps=steps, save_every=1)
     run, backend = tmp_path / "run", Backend("ray", rollout_workers=2)
     with pytest.raises(RuntimeError, match="injected crash in batch 4"):  # the sampler's error, not retried

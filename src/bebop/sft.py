@@ -1,6 +1,8 @@
-"""Supervised training of the embedded-default policy from scratch on task demonstrations.
+"""Supervised training of a policy: the embedded default from scratch on a task's demonstrations, or
+any model directory (`--model DIR`, e.g. a Hugging Face Qwen3) on your own rows (`--data FILE`).
 
     bebop sft --task math --out runs/policy-math [--steps 500] [--batch-size 32]
+    bebop sft --data sft.jsonl --model path/to/Qwen3 --out runs/sft --lr 1e-5 [--dtype bfloat16]
 
 Every step draws fresh problems from the train split and a fresh demonstration for each (the
 demonstrations vary in order and phrasing, so the policy learns a distribution, not a script).
@@ -8,8 +10,11 @@ The loss is next-token cross-entropy on the completion only: prompt tokens, padd
 environment observations (`<obs> ... </obs>`, the agent task) are masked out. A step's batch is
 sorted by length and run MICRO_BATCH sequences at a time (gradients accumulated: the same
 gradient as one padded batch), so the tasks' few long-tail examples do not pad the rest.
+Rows of a --data file are (prompt, completion) pairs (bebop.tasks.data_files); chat prompts and
+completions are rendered with the model's chat template. Everything is checked before OUT is written.
 Progress bar; the model directory is saved every `save_every` steps with a resumable
-`train_state.pt` (`--resume`), and `sft_meta.json` marks a finished run.
+`train_state.pt` (`--resume`; float32 masters kept where the model's dtype rounds them), and
+`sft_meta.json` marks a finished run.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import math
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -33,11 +39,21 @@ from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.fileio import atomic_write_json
 from bebop.metrics_log import MetricsLog, require_tensorboard
-from bebop.model.checkpoint import save_model
+from bebop.model.checkpoint import release_dtype, save_model
 from bebop.policy import Policy, load_policy
+from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
 from bebop.tasks import Problem, Task, get_task
-from bebop.tokenizer import TextCodec
-from bebop.train_state import check_same_config, load_train_state, rng_state, save_train_state, set_rng_state
+from bebop.tasks.dataset_task import COMPLETIONS, run_task
+from bebop.tokenizer import TextCodec, copy_tokenizer_files
+from bebop.train_state import (
+    check_same_config,
+    load_train_state,
+    master_weights,
+    restore_master_weights,
+    rng_state,
+    save_train_state,
+    set_rng_state,
+)
 
 META_FILE = "sft_meta.json"
 METRICS_FILE = "sft_metrics.jsonl"
@@ -49,7 +65,12 @@ MICRO_BATCH = 4  # sequences per forward pass; a step accumulates batch_size / M
 
 @dataclass(frozen=True)
 class SFTConfig:
-    task: str = opt("math", "math, code, agent or mix")
+    task: str = opt("math", "math, code, agent or mix (or --data FILE)")
+    data: str = opt("", "your own (prompt, completion) rows: JSONL or parquet, TRL's or verl's layout")
+    model: str = opt("", "start from this model directory (a Hugging Face Qwen3, say) instead of a fresh "
+                     "embedded default")
+    dtype: str = opt("float32", "training precision: float32, or bfloat16 mixed precision (float32 weights "
+                     "and AdamW state)", choices=TRAIN_DTYPES)
     steps: int = opt(600, "optimizer steps (the command's default is per task: DEFAULT_STEPS)")
     batch_size: int = opt(32, "sequences per step")
     lr: float = opt(3e-3, "peak learning rate (linear warm-up, cosine decay)")
@@ -68,6 +89,9 @@ class SFTConfig:
         if not (self.lr > 0 and self.warmup >= 0 and self.weight_decay >= 0):
             raise BebopError("need --lr > 0, --warmup >= 0 and --weight-decay >= 0")
         get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError
+        check_train_dtype(self.dtype)
+        if self.model and self.model_overrides:
+            raise BebopError("model_overrides shape a fresh embedded default; they cannot apply to --model")
 
 
 def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,20 +105,24 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tup
     return ids, labels
 
 
-def token_loss_sum(policy: Policy, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy of predicting labels[:, t+1] from ids[:, :t+1] (IGNORE labels skipped)."""
-    logits = policy.model.logits(policy.model(ids))  # (B, T, V)
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE,
-                           reduction="sum")
+def token_loss_sum(policy: Policy, ids: torch.Tensor, labels: torch.Tensor, dtype: str = "float32") -> torch.Tensor:
+    """Summed cross-entropy of predicting labels[:, t+1] from ids[:, :t+1] (IGNORE labels skipped); the
+    forward in the training precision `dtype`, the cross-entropy in float32."""
+    model = policy.model
+    with train_autocast(model.device, dtype):
+        logits = model.logits(model(ids.to(model.device)))  # (B, T, V)
+    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten().to(model.device),
+                           ignore_index=IGNORE, reduction="sum")
 
 
-def backward_step_loss(policy: Policy, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float:
+def backward_step_loss(policy: Policy, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                       dtype: str = "float32") -> float:
     """Backpropagate the step's mean next-token cross-entropy over every trained token of all chunks
     (the gradient of one padded batch, without its padding); return that mean."""
     n_tokens = max(1, sum(int((labels[:, 1:] != IGNORE).sum()) for _, labels in chunks))
     total = 0.0
     for ids, labels in chunks:
-        loss = token_loss_sum(policy, ids, labels) / n_tokens
+        loss = token_loss_sum(policy, ids, labels, dtype) / n_tokens
         loss.backward()
         total += loss.item()
     return total
@@ -120,27 +148,39 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
-def _prepare(out: Path, cfg: SFTConfig, resume: bool) -> dict | None:
+def _start(out: Path, cfg: SFTConfig, resume: bool, device: str) -> tuple[Policy, Task, dict | None]:
+    """The policy, its task and the state to resume (None for a new run). A new run's inputs are all
+    checked (model, data rows, chat template) before OUT is written."""
     if resume:
         state = load_train_state(out)
         check_same_config(state["config"], asdict(cfg), out)
-        return state
+        policy = load_policy(out, device=device)
+        if state.get("masters"):  # the model directory holds the weights rounded to its dtype
+            restore_master_weights(policy.model, state["masters"])
+        return policy, _task(policy, cfg), state
     if (out / "config.json").exists():
         raise BebopError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
-    init_model_dir(out, seed=cfg.seed, **dict(cfg.model_overrides))
-    return None
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(cfg.model) if cfg.model else init_model_dir(tmp, seed=cfg.seed, **dict(cfg.model_overrides))
+        policy = load_policy(source, device=device)
+        task = _task(policy, cfg)
+        save_model(policy.model, out)
+        copy_tokenizer_files(source, out)
+    return policy, task, None
+
+
+def _task(policy: Policy, cfg: SFTConfig) -> Task:
+    return run_task(policy, task=cfg.task, difficulty=cfg.difficulty, data=cfg.data, need=COMPLETIONS)
 
 
 def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress: bool = True,
-              tensorboard: bool = False) -> dict:
+              tensorboard: bool = False, device: str = "cpu") -> dict:
     """Train (or resume) a policy in `out`; return the final metrics (also in sft_meta.json). Per-step
     metrics: OUT/sft_metrics.jsonl (and OUT/tb with `tensorboard`)."""
     out = Path(out)
-    task = get_task(cfg.task, cfg.difficulty)
     if tensorboard:
         require_tensorboard()  # before anything is written
-    state = _prepare(out, cfg, resume)
-    policy = load_policy(out, device="cpu")
+    policy, task, state = _start(out, cfg, resume, device)
     model = policy.model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     pool = task.problems("train", cfg.pool, cfg.seed)
@@ -152,7 +192,7 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
         set_rng_state(state["rng"])
         start, history = state["step"], state["history"]
     log = MetricsLog(out, METRICS_FILE, resume_step=start, tensorboard=tensorboard, tag="sft")
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"sft {cfg.task}",
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"sft {task.name}",
                disable=not progress, file=sys.stderr)
     t0 = time.perf_counter()
     for step in bar:
@@ -161,7 +201,7 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
-        loss = backward_step_loss(policy, chunks)
+        loss = backward_step_loss(policy, chunks, cfg.dtype)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         history.append(round(loss, 4))
@@ -170,7 +210,8 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_model(model, out)
             save_train_state(out, {"config": asdict(cfg), "step": step + 1, "optimizer": opt.state_dict(),
-                                   "data_rng": rng.getstate(), "rng": rng_state(), "history": history})
+                                   "data_rng": rng.getstate(), "rng": rng_state(), "history": history,
+                                   "masters": master_weights(model) if release_dtype(model) != model.dtype else None})
     log.close()
     metrics = {"config": asdict(cfg), "final_loss": sum(history[-20:]) / max(1, len(history[-20:])),
                "steps": cfg.steps, "train_seconds_this_run": round(time.perf_counter() - t0, 1),

@@ -93,7 +93,7 @@ def load_tokenizer(model_dir: str | os.PathLike, eos_id: int | None = None) -> T
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "generation_config.json")
+                   "generation_config.json", "chat_template.jinja")
 
 
 def copy_tokenizer_files(source_dir: str | os.PathLike, model_dir: str | os.PathLike) -> None:

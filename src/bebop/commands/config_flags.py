@@ -105,3 +105,9 @@ def config_values(cls, args: argparse.Namespace) -> dict[str, Any]:
     if missing:
         raise BebopError(f"{', '.join(_flag(m) for m in missing)} required (as a flag or in --config)")
     return values
+
+
+def require_one_of(values: dict[str, Any], names: tuple[str, ...]) -> None:
+    """At least one of `names` must be set (as a flag or in --config), e.g. --task or --data."""
+    if not any(values.get(name) for name in names):
+        raise BebopError(f"{' or '.join(_flag(n) for n in names)} required (as a flag or in --config)")

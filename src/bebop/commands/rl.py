@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from bebop.commands.config_flags import add_config_flags, config_values
+from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
 from bebop.rl.config import BACKENDS, Backend, RLConfig
 
-REQUIRED = ("model", "task", "steps")
+REQUIRED = ("model", "steps")  # and --task or --data
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> None:
     from bebop.rl.loop import train_rl
 
     values = config_values(RLConfig, args)
+    require_one_of(values, ("task", "data"))
     values.setdefault("mode", "async" if args.backend == "ray" else RLConfig().mode)
     summary = train_rl(args.out, RLConfig(**values), resume=args.resume, progress=not args.no_progress,
                        tensorboard=args.tensorboard, device=args.device,

@@ -1,4 +1,4 @@
-"""`bebop sft`: train the embedded-default policy on a task's demonstrations.
+"""`bebop sft`: train the embedded-default policy on a task's demonstrations, or a model directory on your rows.
 
 Every SFTConfig field is a flag (generated: commands/config_flags.py), or a key of `--config FILE`."""
 
@@ -7,14 +7,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from bebop.commands.config_flags import add_config_flags, config_values
+from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
 from bebop.sft import DEFAULT_STEPS, SFTConfig, train_sft
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sft", help="train a small policy from scratch on task demonstrations")
+    p = sub.add_parser("sft", help="supervised training: a small policy from scratch on task demonstrations, "
+                                   "or --model DIR on --data FILE")
     p.add_argument("--out", required=True, help="model directory to create (or continue with --resume)")
-    add_config_flags(p, SFTConfig, required=("task",))
+    add_config_flags(p, SFTConfig)  # and --task or --data
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     p.add_argument("--tensorboard", action="store_true", help="also log the per-step metrics to OUT/tb (needs tensorboard)")
     p.set_defaults(func=run)
@@ -22,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     values = config_values(SFTConfig, args)
-    values.setdefault("steps", DEFAULT_STEPS.get(values["task"], SFTConfig().steps))  # tuned per task
-    metrics = train_sft(args.out, SFTConfig(**values), resume=args.resume, tensorboard=args.tensorboard)
+    require_one_of(values, ("task", "data"))
+    if not values.get("data"):
+        values.setdefault("steps", DEFAULT_STEPS.get(values["task"], SFTConfig().steps))  # tuned per task
+    metrics = train_sft(args.out, SFTConfig(**values), resume=args.resume, tensorboard=args.tensorboard,
+                        device=args.device)
     print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))

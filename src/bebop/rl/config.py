@@ -4,10 +4,12 @@ where its rollouts run (Backend: not part of the run's identity, like the device
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from bebop.engine.speculative import check_spec_flags, parse_k
 from bebop.errors import BebopError
 from bebop.fields import opt, parse_switch
+from bebop.precision import TRAIN_DTYPES, check_train_dtype
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
 
@@ -20,7 +22,12 @@ BACKENDS = ("local", "ray")
 @dataclass(frozen=True)
 class RLConfig:
     model: str = opt("", "the starting policy directory, with an MTP head for --spec (also the KL reference)")
-    task: str = opt("math", "math, code, agent or mix")
+    task: str = opt("math", "math, code, agent or mix (or --data FILE)")
+    data: str = opt("", "your own prompts: a JSONL or parquet file in verl's or TRL's layout, instead of --task")
+    reward: str = opt("", "with --data: math, module:function or path/to/file.py:function, called as "
+                      "fn(data_source, solution_str, ground_truth, extra_info) (default: by each row's data_source)")
+    eval_data: str = opt("", "held-out prompts (JSONL or parquet, as --data), scored every --eval-every steps")
+    eval_every: int = opt(10, "steps between evaluations on --eval-data (and after the last step)")
     steps: int = opt(50, "policy updates (GRPO steps)")
     mode: str = opt("sync", "sync, or async: the next batch is sampled while this one trains "
                     "(default with --backend ray: async)", choices=MODES)
@@ -55,6 +62,8 @@ class RLConfig:
     batch_size: int = opt(64, "engine rows per generate call")
     rollout_threads: int = opt(0, "async: torch threads of the rollout worker (0 = torch's default)")
     train_threads: int = opt(0, "async: torch threads of the trainer (0 = torch's default)")
+    dtype: str = opt("float32", "training precision: float32, or bfloat16 mixed precision (float32 weights "
+                     "and AdamW state; rollouts stay in the model's dtype)", choices=TRAIN_DTYPES)
     dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",
                               parse=parse_switch)
 
@@ -71,7 +80,11 @@ class RLConfig:
             raise BebopError(f"unknown --mtp-update {self.mtp_update!r}; choose from {', '.join(MTP_UPDATES)}")
         if self.group_size < 2:
             raise BebopError(f"--group-size must be >= 2 (GRPO normalises rewards within a group), got {self.group_size}")
-        for name in ("steps", "batch_prompts", "max_new_tokens", "save_every", "batch_size", "ppo_epochs", "mini_batches"):
+        if self.reward and not (self.data or self.eval_data):
+            raise BebopError("--reward scores rows of --data or --eval-data; the generated tasks score themselves")
+        check_train_dtype(self.dtype)
+        for name in ("steps", "eval_every", "batch_prompts", "max_new_tokens", "save_every", "batch_size", "ppo_epochs",
+                     "mini_batches"):
             if getattr(self, name) < 1:
                 raise BebopError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not self.temperature > 0:
@@ -88,6 +101,11 @@ class RLConfig:
                              f"rollouts of a batch (--batch-prompts x --group-size)")
         self.sampling  # noqa: B018 -- SamplingParams checks --top-k and --top-p
         get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError
+
+    @property
+    def prompts_name(self) -> str:
+        """What the run's prompts come from: the --data file's name, else the task's."""
+        return Path(self.data).name if self.data else self.task
 
     @property
     def draft_depths(self) -> int:

@@ -37,6 +37,7 @@ from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
 from bebop.rl.config import Backend, RLConfig
 from bebop.rl.drafter_alarm import CLEARED, RAISED, DrafterAlarm
+from bebop.rl.evaluation import Evaluator
 from bebop.rl.metrics import METRICS_FILE, StepMetrics, length_percentiles
 from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
 from bebop.rl.ray_backend import RaySource
@@ -46,7 +47,7 @@ from bebop.rl.sampler import RolloutSampler
 from bebop.rl.source import Fetched, RolloutSource
 from bebop.rl.sync_source import SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
-from bebop.tasks import get_task
+from bebop.tasks.dataset_task import load_dataset_task, run_task
 from bebop.train_state import check_same_config, master_weights, restore_master_weights, rng_state, set_rng_state
 
 CONFIG_FILE = "config.json"
@@ -159,9 +160,11 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
     ckpt = _prepare(out, cfg, resume)
     policy = load_policy(ckpt.model_dir if ckpt else cfg.model, device=device)
     _require_head(policy, cfg)
-    sampler = RolloutSampler(get_task(cfg.task, cfg.difficulty), policy.codec, cfg)
+    task = run_task(policy, task=cfg.task, difficulty=cfg.difficulty, data=cfg.data, reward=cfg.reward)
+    evaluator = Evaluator(load_dataset_task(cfg.eval_data, policy, reward=cfg.reward), cfg) if cfg.eval_data else None
+    sampler = RolloutSampler(task, policy.codec, cfg)
     sampler.check_expressible(policy)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)  # every input is checked: only now is anything written
     atomic_write_json(out / CONFIG_FILE, asdict(cfg))
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -170,7 +173,7 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
                          policy_version=learner.trainer.policy_version)
     if learner.alarm.raised and cfg.k == AUTO:
         source.suspend_drafting(True)
-    history = _run_steps(out, cfg, learner, source, progress=progress, tensorboard=tensorboard)
+    history = _run_steps(out, cfg, learner, source, evaluator, progress=progress, tensorboard=tensorboard)
     write_model_dir(policy.model, Path(cfg.model), out / FINAL_MODEL)
     tail = history[-5:]
     return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),
@@ -201,14 +204,14 @@ def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None) -> Learner:
     return Learner(trainer, online, DrafterAlarm(**saved_alarm) if saved_alarm else DrafterAlarm(), start, data_index)
 
 
-def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource, *, progress: bool,
-               tensorboard: bool) -> list[StepMetrics]:
-    """Steps learner.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, log, save."""
+def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource, evaluator: Evaluator | None, *,
+               progress: bool, tensorboard: bool) -> list[StepMetrics]:
+    """Steps learner.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, evaluate, log, save."""
     trainer, online, alarm = learner.trainer, learner.online, learner.alarm
     model = trainer.policy.model
     writer = MetricsLog(out, METRICS_FILE, resume_step=learner.start, tensorboard=tensorboard, tag="rl")
     bar = tqdm(range(learner.start, cfg.steps), initial=learner.start, total=cfg.steps,
-               desc=f"rl {cfg.task} {cfg.mode}", disable=not progress, file=sys.stderr)
+               desc=f"rl {cfg.prompts_name} {cfg.mode}", disable=not progress, file=sys.stderr)
     history: list[StepMetrics] = []
     threads = torch.get_num_threads()
     if cfg.mode == "async" and cfg.train_threads:
@@ -225,6 +228,8 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
             _watch_drafter(alarm, fetched.batch.spec, source, cfg)
             t2 = time.perf_counter()
             m = step_metrics(step + 1, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0, alarm.raised)
+            if evaluator is not None and evaluator.due(step + 1):
+                m.eval_reward, m.eval_pass_rate = evaluator.run(trainer.policy)
             if cfg.dump_rollouts:
                 dump_rollouts(out, step + 1, fetched.batch, trainer.policy.codec)
             writer.write(asdict(m))

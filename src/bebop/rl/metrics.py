@@ -48,6 +48,8 @@ class StepMetrics:
     grad_norm: float = 0.0
     mtp_loss: float | None = None
     mtp_acceptance_per_depth: list[float] = field(default_factory=list)
+    eval_reward: float | None = None  # mean reward on --eval-data, at the steps it is evaluated (else None)
+    eval_pass_rate: float | None = None
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:

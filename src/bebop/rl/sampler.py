@@ -4,7 +4,8 @@
     batch = sampler.collect(model, index=step, policy_version=v)   # batch_prompts * G rollouts
 
 The prompt stream is a pure function of (seed, index): batch `index` holds `batch_prompts` train
-problems drawn with seed (seed, index), each repeated G times, and is sampled with a generator
+problems drawn with seed (seed, index) (rows of a --data file: the next `batch_prompts` of its
+shuffled epochs), each repeated G times, and is sampled with a generator
 seeded the same way; resuming at a data position regenerates exactly the batches not yet trained.
 """
 
@@ -26,6 +27,7 @@ from bebop.rl.config import RLConfig
 from bebop.rl.records import Rollout, RolloutBatch
 from bebop.rollout import encode_prompts, run_episodes, summarize
 from bebop.tasks import Problem, Task
+from bebop.tasks.dataset_task import DatasetTask
 from bebop.tokenizer import TextCodec
 
 STREAM_STRIDE = 1_000_003  # seeds of batch i: seed * STREAM_STRIDE + i (distinct across seeds and batches)
@@ -52,7 +54,10 @@ class RolloutSampler:
 
     def problems(self, index: int) -> list[Problem]:
         """The batch's problems, each repeated group_size times (group-major)."""
-        drawn = self.task.problems("train", self.cfg.batch_prompts, self.batch_seed(index))
+        if isinstance(self.task, DatasetTask):  # your own rows: epoch after shuffled epoch
+            drawn = self.task.batch(index, self.cfg.batch_prompts, self.cfg.seed)
+        else:
+            drawn = self.task.problems("train", self.cfg.batch_prompts, self.batch_seed(index))
         return [p for p in drawn for _ in range(self.cfg.group_size)]
 
     def check_expressible(self, policy: Policy) -> None:

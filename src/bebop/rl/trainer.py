@@ -30,6 +30,7 @@ import torch
 
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
+from bebop.precision import train_autocast
 from bebop.rl.batch import TrainBatch, to_train_batch
 from bebop.rl.config import RLConfig
 from bebop.rl.grpo import GRPOLossInputs, GRPOLossOutput, grpo_loss, token_logprobs
@@ -59,10 +60,13 @@ def frozen_reference(model: CausalLM) -> CausalLM:
     return ref
 
 
-def logprobs_of(model: CausalLM, batch: TrainBatch, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (log-probs (B, T-1) of ids[:, 1:], entropy (B, T-1)) under the sampler's warping."""
-    logits = model.logits(model(batch.ids))  # (B, T, V)
-    return token_logprobs(logits[:, :-1], batch.ids[:, 1:], sampling)
+def logprobs_of(model: CausalLM, batch: TrainBatch, sampling: SamplingParams,
+                dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (log-probs (B, T-1) of ids[:, 1:], entropy (B, T-1)) under the sampler's warping; the forward
+    runs in the training precision `dtype` (bebop.precision), the log-softmax in float32."""
+    with train_autocast(model.device, dtype):
+        logits = model.logits(model(batch.ids))  # (B, T, V)
+    return token_logprobs(logits[:, :-1].float(), batch.ids[:, 1:], sampling)
 
 
 def mini_batch_rows(rows: int, mini_batches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -88,17 +92,17 @@ class PolicyTrainer:
         batch = to_train_batch(rollouts, self.policy.pad_id).to(model.device)
         model.train()
         if cfg.ppo_epochs == 1 and cfg.mini_batches == 1:  # one step: "old" is this forward, detached
-            logprobs, entropy = logprobs_of(model, batch, self.sampling)
+            logprobs, entropy = logprobs_of(model, batch, self.sampling, cfg.dtype)
             outs = [self._update(batch, logprobs, logprobs.detach())]
         else:
             with torch.no_grad():
-                old, entropy = logprobs_of(model, batch, self.sampling)  # (B, T-1) the anchor of every step
+                old, entropy = logprobs_of(model, batch, self.sampling, cfg.dtype)  # (B, T-1) the anchor of every step
             generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.policy_version)
             outs = []
             for _ in range(cfg.ppo_epochs):
                 for rows in mini_batch_rows(batch.ids.shape[0], cfg.mini_batches, generator):
                     part = batch.rows(rows.to(model.device))
-                    outs.append(self._update(part, logprobs_of(model, part, self.sampling)[0], old[rows]))
+                    outs.append(self._update(part, logprobs_of(model, part, self.sampling, cfg.dtype)[0], old[rows]))
         self.policy_version += 1
         mask = batch.mask.float()
         return _summarise(outs, ((entropy * mask).sum() / mask.sum().clamp_min(1)).item())
@@ -108,7 +112,7 @@ class PolicyTrainer:
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = logprobs_of(self.reference, batch, self.sampling)[0]
+                ref = logprobs_of(self.reference, batch, self.sampling, self.cfg.dtype)[0]
         inputs = GRPOLossInputs(logprobs, old, batch.sampler_logprobs, batch.advantages, batch.mask, ref)
         out = grpo_loss(inputs, clip_eps=self.cfg.clip_eps, kl_coef=self.cfg.kl_coef, is_cap=self.cfg.is_cap)
         self.optimizer.zero_grad(set_to_none=True)

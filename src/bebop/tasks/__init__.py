@@ -1,8 +1,8 @@
 """Verifiable tasks for RL: a registry of generators, prompt formats and reward functions.
 
     get_task("math" | "code" | "agent" | "mix")  -> a Task (see base.Task)
-    get_task("math_dataset")                     -> scores rows of a real dataset file
-    load_dataset_rows(path)                      -> Problems from JSONL / parquet rows
+    get_task("math_dataset")                     -> scores completions with math-verify
+    dataset_task.load_dataset_task(path, policy) -> a task over your own JSONL / parquet rows
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from bebop.errors import BebopError
 from bebop.tasks.agent_task import AgentTask
 from bebop.tasks.base import DEFAULT_DIFFICULTY, Problem, Task
 from bebop.tasks.code_task import CodeTask
-from bebop.tasks.datasets import DATASET_TASK, DatasetMathTask, load_dataset_rows
+from bebop.tasks.math_answers import DATASET_TASK, DatasetMathTask
 from bebop.tasks.math_task import MathTask
 from bebop.tasks.mix import MixTask
 
@@ -34,4 +34,4 @@ def get_task(name: str, difficulty: int = DEFAULT_DIFFICULTY) -> Task:
     raise BebopError(f"unknown task {name!r}; known tasks: {known}")
 
 
-__all__ = ["TASK_NAMES", "DATASET_TASK", "Problem", "Task", "get_task", "load_dataset_rows"]
+__all__ = ["TASK_NAMES", "DATASET_TASK", "Problem", "Task", "get_task"]

@@ -32,6 +32,7 @@ class Problem:
     prompt: str  # text fed to the model; the completion starts right after it
     ground_truth: str  # what the reward checks against (a string; JSON if structured)
     task: str  # task name
+    row: int = 0  # a dataset problem's 1-based row in its file (bebop.tasks.dataset_task); 0 = generated
 
 
 class Task(Protocol):

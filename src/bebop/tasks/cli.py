@@ -17,7 +17,7 @@ import sys
 from bebop.jsonl import read_numbered
 from bebop.tasks import get_task
 from bebop.tasks.base import DEFAULT_DIFFICULTY, DIFFICULTIES, SPLITS, Problem
-from bebop.tasks.datasets import require
+from bebop.tasks.data_files import require
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

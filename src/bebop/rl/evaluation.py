@@ -1,0 +1,43 @@
+"""Held-out evaluation during RL: the policy's mean reward and pass rate on `--eval-data`.
+
+    evaluator = Evaluator(load_dataset_task(cfg.eval_data, policy, reward=cfg.reward), cfg)
+    if evaluator.due(step):
+        metrics.eval_reward, metrics.eval_pass_rate = evaluator.run(policy)
+
+Every row once per evaluation, sampled at the run's temperature with a generator seeded the same way
+each time, so two evaluations differ only by the policy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bebop.engine import generate
+from bebop.policy import Policy
+from bebop.rl.config import RLConfig
+from bebop.rollout import run_episodes, summarize
+from bebop.tasks.dataset_task import DatasetTask
+
+
+class Evaluator:
+    def __init__(self, task: DatasetTask, cfg: RLConfig) -> None:
+        self.task, self.cfg = task, cfg
+        self.problems = task.problems("test", len(task.rows), cfg.seed)
+
+    def due(self, step: int) -> bool:
+        return step % self.cfg.eval_every == 0 or step == self.cfg.steps
+
+    def run(self, policy: Policy) -> tuple[float, float]:
+        """-> (mean reward, pass rate) over every row."""
+        cfg, model = self.cfg, policy.model
+        generator = torch.Generator(device=model.device).manual_seed(cfg.seed)
+        was_training = model.training
+        model.eval()
+        try:
+            episodes = run_episodes(policy, self.task, self.problems, sampling=cfg.sampling,
+                                    max_new_tokens=cfg.max_new_tokens, generator=generator,
+                                    batch_size=cfg.batch_size, generate_fn=generate)
+        finally:
+            model.train(was_training)
+        summary = summarize(episodes)
+        return summary["mean_reward"], summary["pass_rate"]
