@@ -1,4 +1,5 @@
-"""`bebop eval`: pass rate and mean next-token entropy of a policy on a task's test split."""
+"""`bebop eval`: pass rate and mean next-token entropy of a policy on a task's test split, or on the rows
+of your own dataset file (`--data FILE`, each row once, up to --n)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from bebop.errors import BebopError
 from bebop.policy import load_policy
 from bebop.rollout import run_episodes, summarize
 from bebop.sampling import SamplingParams
-from bebop.tasks import get_task
+from bebop.tasks.dataset_task import DatasetTask, run_task
 
 
 def add_parser(sub: argparse._SubParsersAction, add_device_args) -> None:
     p = sub.add_parser("eval", help="pass rate and entropy on a task's test problems")
     p.add_argument("--model", required=True)
-    p.add_argument("--task", required=True)
-    p.add_argument("--n", type=int, default=200, help="number of test problems")
+    p.add_argument("--task", help="math, code, agent or mix (or --data FILE)")
+    p.add_argument("--data", help="a JSONL or parquet file of prompts (verl or TRL rows), each scored once")
+    p.add_argument("--reward", default="", help="with --data: math, module:function or path/to/file.py:function "
+                                                "(default: by each row's data_source)")
+    p.add_argument("--n", type=int, default=200, help="number of test problems (with --data: at most)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=384)
@@ -33,12 +37,17 @@ def add_parser(sub: argparse._SubParsersAction, add_device_args) -> None:
 def run(args: argparse.Namespace) -> None:
     if args.n < 1:
         raise BebopError(f"--n must be >= 1, got {args.n}")
-    task = get_task(args.task, args.difficulty)
+    if not args.task and not args.data:
+        raise BebopError("--task or --data required")
+    if args.reward and not args.data:
+        raise BebopError("--reward scores rows of --data; the generated tasks score themselves")
     policy = load_policy(args.model, dtype=args.dtype, device=args.device)
-    problems = task.problems("test", args.n, args.seed)
+    task = run_task(policy, task=args.task, difficulty=args.difficulty, data=args.data or "", reward=args.reward)
+    n = min(args.n, len(task.rows)) if isinstance(task, DatasetTask) else args.n
+    problems = task.problems("test", n, args.seed)
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
-    with tqdm(total=len(problems), desc=f"eval {args.task}", unit="problem", file=sys.stderr) as bar:
+    with tqdm(total=len(problems), desc=f"eval {task.name}", unit="problem", file=sys.stderr) as bar:
         episodes = run_episodes(policy, task, problems, sampling=SamplingParams(args.temperature),
                                 max_new_tokens=args.max_new_tokens, generator=generator,
                                 batch_size=args.batch_size, on_batch=bar.update)
-    print(json.dumps({"task": args.task, "temperature": args.temperature, **summarize(episodes)}))
+    print(json.dumps({"task": task.name, "temperature": args.temperature, **summarize(episodes)}))
