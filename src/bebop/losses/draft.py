@@ -66,9 +66,19 @@ DRAFT_LOSSES: dict[str, _DraftLoss] = {
 }
 
 
+def kept_chains(mask: Tensor | None, n: int, device: torch.device) -> Tensor:
+    """The kept chains' indices (M,) int64 from a mask (N,) bool (None: all N), checked."""
+    if mask is None:
+        return torch.arange(n, device=device)
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (n,):
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise BebopError(f"mask must be a bool tensor of shape (N,) = ({n},), got {got}")
+    return mask.to(device).nonzero().squeeze(-1)  # one host sync: the kept count sizes the loop
+
+
 def _check_inputs(inputs: DraftLossInputs) -> Tensor:
     """Validate shapes at the public boundary; return the kept chains' indices (M,) int64."""
-    logits, target, mask = inputs.draft_logits, inputs.target_probs, inputs.mask
+    logits, target = inputs.draft_logits, inputs.target_probs
     if not isinstance(logits, Tensor) or not isinstance(target, Tensor):
         raise BebopError("draft_logits and target_probs must be tensors")
     if logits.dim() != 3:
@@ -83,12 +93,27 @@ def _check_inputs(inputs: DraftLossInputs) -> Tensor:
         raise BebopError(f"draft_logits and target_probs must be floating point, got {logits.dtype}, {target.dtype}")
     if target.device != logits.device:
         raise BebopError(f"target_probs on {target.device} but draft_logits on {logits.device}")
-    if mask is None:
-        return torch.arange(n, device=logits.device)
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (n,):
-        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
-        raise BebopError(f"mask must be a bool tensor of shape (N,) = ({n},), got {got}")
-    return mask.to(logits.device).nonzero().squeeze(-1)  # one host sync: the kept count sizes the loop
+    return kept_chains(inputs.mask, n, logits.device)
+
+
+def draft_spec(name: str, chunk_size: int) -> _DraftLoss:
+    """The named loss's table entry, with the chunk size checked."""
+    spec = DRAFT_LOSSES.get(name)
+    if spec is None:
+        raise BebopError(f"unknown draft loss {name!r}; known: {', '.join(DRAFT_LOSSES)}")
+    check_chunk_size(chunk_size)
+    return spec
+
+
+def chain_output(spec: _DraftLoss, rows: Tensor, tv: Tensor, kept: Tensor) -> DraftLossOutput:
+    """rows (N, K) with grad, tv (N, K) detached, kept (M,) -> the chain loss over kept chains and metrics."""
+    num_chains = int(kept.numel())
+    if num_chains == 0:
+        tv_per_depth = torch.full((rows.shape[1],), float("nan"), dtype=tv.dtype, device=tv.device)
+        return DraftLossOutput(rows.sum() * 0.0, tv_per_depth, 1.0 - tv_per_depth, 0)
+    loss = spec.chain(rows.index_select(0, kept)).mean()
+    tv_per_depth = tv.index_select(0, kept).mean(0).detach()
+    return DraftLossOutput(loss, tv_per_depth, 1.0 - tv_per_depth, num_chains)
 
 
 def draft_loss(name: str, inputs: DraftLossInputs, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> DraftLossOutput:
@@ -97,19 +122,10 @@ def draft_loss(name: str, inputs: DraftLossInputs, *, chunk_size: int = DEFAULT_
     Masked chains are never read (padding rows may hold anything) and get exactly zero gradient.
     With no chain kept the loss is a zero that is still connected to draft_logits, so
     `loss.backward()` works (all-zero gradient), and the metrics are NaN."""
-    spec = DRAFT_LOSSES.get(name)
-    if spec is None:
-        raise BebopError(f"unknown draft loss {name!r}; known: {', '.join(DRAFT_LOSSES)}")
-    check_chunk_size(chunk_size)
+    spec = draft_spec(name, chunk_size)
     kept = _check_inputs(inputs)
     rows, tv = fused_rows(spec.row, inputs.draft_logits, inputs.target_probs, kept, chunk_size)  # (N, K) each
-    num_chains = int(kept.numel())
-    if num_chains == 0:
-        tv_per_depth = torch.full((rows.shape[1],), float("nan"), dtype=tv.dtype, device=tv.device)
-        return DraftLossOutput(rows.sum() * 0.0, tv_per_depth, 1.0 - tv_per_depth, 0)
-    loss = spec.chain(rows.index_select(0, kept)).mean()
-    tv_per_depth = tv.index_select(0, kept).mean(0).detach()
-    return DraftLossOutput(loss, tv_per_depth, 1.0 - tv_per_depth, num_chains)
+    return chain_output(spec, rows, tv, kept)
 
 
 def e2e_tv_loss(draft_logits: Tensor, target_probs: Tensor, mask: Tensor | None = None, *,

@@ -13,18 +13,22 @@ p = target_probs, detached (it never receives a gradient).
 TV is piecewise linear: at an exact tie q_v == p_v we take min(p_v, q_v) = q_v, i.e. the
 subgradient of the formula above (the tie counts in S and not in [q_j > p_j]).
 
-Memory: `_FusedRows` walks the kept chains `chunk_size` at a time. Forward and backward each
-hold a handful (under 8) of (chunk_size, K, V) temporaries in the compute dtype (float32, or
-float64 when an input is float64), never an (N, K, V) one, and autograd saves only references to
-the inputs (draft_logits stays alive until backward), not activations. The one (N, K, V)
-allocation is the gradient wrt draft_logits itself (same size and dtype as draft_logits),
-written chunk by chunk. Peak extra memory:
+Memory: the chunk loop (`chunk_rows` forward, `chunk_grads` backward) walks the kept chains
+`chunk_size` at a time; where a chunk's logits come from is a `ChunkLoad`: sliced from whole
+(N, K, V) logits here (`_FusedRows`), or recomputed from hidden states (bebop.losses.hidden, which
+never makes an (N, K, V) tensor). Forward and backward each hold a handful (under 8) of
+(chunk_size, K, V) temporaries in the compute dtype (float32, or float64 when an input is float64),
+never an (N, K, V) one, and autograd saves only references to the inputs (draft_logits stays alive
+until backward), not activations. In `_FusedRows` the one (N, K, V) allocation is the gradient wrt
+draft_logits itself (same size and dtype as draft_logits), written chunk by chunk. Peak extra memory:
 grad (N*K*V in the logits dtype) + O(chunk_size * K * V) compute floats + O(N * K).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -98,12 +102,39 @@ ROW_LOSSES: dict[str, RowLoss] = {
 }
 
 
-def compute_dtype(draft_logits: Tensor, target_probs: Tensor) -> torch.dtype:
-    """float32, or float64 when either input is float64 (bf16/fp16 are upcast per chunk)."""
-    return torch.promote_types(torch.promote_types(draft_logits.dtype, target_probs.dtype), torch.float32)
+def compute_dtype(*inputs: Tensor) -> torch.dtype:
+    """float32, or float64 when any input is float64 (bf16/fp16 are upcast per chunk)."""
+    dtype = torch.float32
+    for x in inputs:
+        dtype = torch.promote_types(dtype, x.dtype)
+    return dtype
 
 
-def _load_chunk(draft_logits: Tensor, target_probs: Tensor, idx: Tensor, dtype: torch.dtype):
+ChunkLoad = Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
+"""Kept chains idx (c,) -> (log q, q, p), each (c, K, V) in the compute dtype: where one chunk's
+distributions come from (logits given whole, or recomputed from hidden states: bebop.losses.hidden)."""
+
+
+def chunk_rows(load: ChunkLoad, kept: Tensor, kind: RowLoss, chunk_size: int, rows: Tensor, tv: Tensor) -> None:
+    """Forward over the kept chains, chunk_size at a time: rows[idx] = kind's value, tv[idx] = TV, (N, K) each."""
+    for idx in kept.split(chunk_size):
+        logq, q, p = load(idx)
+        rows[idx] = kind.value(logq, q, p)
+        tv[idx] = _tv_value(logq, q, p)
+
+
+def chunk_grads(load: ChunkLoad, kept: Tensor, kind: RowLoss, chunk_size: int,
+                grad_rows: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+    """Backward over the kept chains: yields (idx (c,), d loss / d logits (c, K, V) in the compute dtype),
+    the closed-form row gradient times the upstream grad_rows (N, K), one chunk at a time."""
+    for idx in kept.split(chunk_size):
+        logq, q, p = load(idx)
+        g = kind.grad(logq, q, p)  # (c, K, V), a fresh tensor
+        del logq, q, p  # only g stays alive while the caller uses it
+        yield idx, g.mul_(grad_rows.index_select(0, idx).unsqueeze(-1))
+
+
+def _logits_chunk(draft_logits: Tensor, target_probs: Tensor, dtype: torch.dtype, idx: Tensor):
     z = draft_logits.index_select(0, idx).to(dtype)  # (c, K, V)
     logq = torch.log_softmax(z, dim=-1)
     return logq, logq.exp(), target_probs.index_select(0, idx).to(dtype)
@@ -121,10 +152,7 @@ class _FusedRows(torch.autograd.Function):
         dtype = compute_dtype(draft_logits, target_probs)
         rows = draft_logits.new_zeros((n, k), dtype=dtype)
         tv = draft_logits.new_zeros((n, k), dtype=dtype)
-        for idx in kept.split(chunk_size):
-            logq, q, p = _load_chunk(draft_logits, target_probs, idx, dtype)
-            rows[idx] = kind.value(logq, q, p)
-            tv[idx] = _tv_value(logq, q, p)
+        chunk_rows(partial(_logits_chunk, draft_logits, target_probs, dtype), kept, kind, chunk_size, rows, tv)
         ctx.save_for_backward(draft_logits, target_probs, kept)
         ctx.kind, ctx.chunk_size = kind, chunk_size
         ctx.mark_non_differentiable(tv)
@@ -135,11 +163,9 @@ class _FusedRows(torch.autograd.Function):
     def backward(ctx, grad_rows, grad_tv):
         draft_logits, target_probs, kept = ctx.saved_tensors
         grad = torch.zeros_like(draft_logits)  # (N, K, V): the only full-size allocation
-        dtype = compute_dtype(draft_logits, target_probs)
-        for idx in kept.split(ctx.chunk_size):
-            logq, q, p = _load_chunk(draft_logits, target_probs, idx, dtype)
-            g = ctx.kind.grad(logq, q, p)  # (c, K, V)
-            grad.index_copy_(0, idx, (g * grad_rows.index_select(0, idx).unsqueeze(-1)).to(grad.dtype))
+        load = partial(_logits_chunk, draft_logits, target_probs, compute_dtype(draft_logits, target_probs))
+        for idx, g in chunk_grads(load, kept, ctx.kind, ctx.chunk_size, grad_rows):
+            grad.index_copy_(0, idx, g.to(grad.dtype))
         return grad, None, None, None, None
 
 
