@@ -10,7 +10,7 @@ import pytest
 from bebop.errors import BebopError
 from bebop.tasks.data_files import DataRow
 from bebop.tasks.math_answers import math_verify_reward
-from bebop.tasks.rewards import default_reward, load_reward, row_rewards, score_row
+from bebop.tasks.rewards import absolute_spec, default_reward, load_reward, row_rewards, score_row
 
 REWARD_FILE = """
 calls = []
@@ -40,6 +40,9 @@ def test_file_and_module_specs_load_the_named_function(reward_file, monkeypatch)
     monkeypatch.syspath_prepend(str(reward_file.parent))
     assert load_reward("my_reward:length_reward")("s", "abc", None, None) == pytest.approx(0.3)
     assert load_reward("math") is math_verify_reward
+    monkeypatch.chdir(reward_file.parent)
+    assert absolute_spec("my_reward.py:length_reward") == f"{reward_file}:length_reward"  # for Ray workers
+    assert absolute_spec("pkg.mod:fn") == "pkg.mod:fn" and absolute_spec("math") == "math"
 
 
 @pytest.mark.parametrize("spec, message", [

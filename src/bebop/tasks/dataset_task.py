@@ -25,7 +25,7 @@ from bebop.policy import Policy
 from bebop.tasks import get_task
 from bebop.tasks.base import Problem, Task, check_split
 from bebop.tasks.data_files import DataRow, read_data_rows
-from bebop.tasks.rewards import RewardFn, row_rewards, score_row
+from bebop.tasks.rewards import RewardFn, absolute_spec, row_rewards, score_row
 
 REWARDS, COMPLETIONS = "rewards", "completions"  # what a run needs of every row
 MAX_REPORTED_ERRORS = 10  # reward errors printed per run; later ones are counted only
@@ -36,7 +36,7 @@ class DatasetTask:
 
     def __init__(self, path: str | os.PathLike, rows: list[DataRow], prompts: list[str], *, reward: str = "",
                  completions: list[str] | None = None) -> None:
-        self.path, self.rows, self.prompts, self.reward_spec = str(path), rows, prompts, reward
+        self.path, self.rows, self.prompts, self.reward_spec = str(path), rows, prompts, absolute_spec(reward)
         self.completions = completions
         self.name = Path(path).name
         self._index = {row.number: i for i, row in enumerate(rows)}

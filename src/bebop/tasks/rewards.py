@@ -77,6 +77,12 @@ def load_reward(spec: str) -> RewardFn:
     return _function_of(module, name, spec)
 
 
+def absolute_spec(spec: str) -> str:
+    """A file spec with its path made absolute (Ray workers need not share the driver's directory)."""
+    where, sep, name = spec.rpartition(":")
+    return f"{Path(where).resolve()}:{name}" if sep and where.endswith(".py") else spec
+
+
 def default_reward(data_source: str) -> RewardFn | None:
     """The scorer verl's default_compute_score would pick for a data source (None: no known one)."""
     if data_source in MATH_SOURCES or data_source.startswith(MATH_SOURCE_PREFIXES):
