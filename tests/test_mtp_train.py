@@ -81,6 +81,7 @@ def test_resume_continues_from_the_saved_step(headed_model, tmp_path):
     train_mtp(headed_model, _cfg(steps=20, save_every=20), out=partial, progress=False)
     st = torch.load(partial / "mtp_train_state.pt", weights_only=False)
     st["config"]["steps"] = 40
+    del st["config"]["dtype"]  # a state written before --dtype existed resumes as float32
     torch.save(st, partial / "mtp_train_state.pt")
     resumed = train_mtp(headed_model, _cfg(steps=40), out=partial, resume=True, progress=False)
     lines = (partial / "mtp_metrics.jsonl").read_text().splitlines()
@@ -100,10 +101,63 @@ def test_chain_mask_excludes_prompt_padding_and_observations():
     assert batch.keep[1].tolist() == [False, True, True, False, False, False, False, False]
 
 
-@pytest.mark.parametrize("kw,needle", [(dict(loss="l2"), "unknown loss"), (dict(depths=0), "depths")])
+@pytest.mark.parametrize("kw,needle", [(dict(loss="l2"), "unknown loss"), (dict(depths=0), "depths"),
+                                       (dict(dtype="float16"), "unknown training dtype 'float16'; choose from float32, "
+                                                               "bfloat16")])
 def test_bad_config(headed_model, kw, needle):
     with pytest.raises(BebopError, match=needle):
         train_mtp(headed_model, _cfg(**kw), progress=False)
+
+
+def test_bfloat16_trains_resumes_and_keeps_float32_masters(headed_model, tmp_path):
+    """bf16 mixed precision: the loss falls and acceptance rises; the saved model keeps its declared
+    dtype (float32 here) and AdamW its float32 state; a resumed run equals a straight one."""
+    out = tmp_path / "bf16"
+    result = train_mtp(headed_model, _cfg(dtype="bfloat16", steps=30, save_every=15), out=out, progress=False,
+                       device="cpu")
+    lines = [json.loads(x) for x in (out / "mtp_metrics.jsonl").read_text().splitlines()]
+    assert result["loss"] < lines[0]["loss"] - 0.2, (lines[0]["loss"], result["loss"])
+    assert result["acceptance_per_depth"][0] > lines[0]["acceptance_per_depth"][0] + 0.1
+    state = torch.load(out / "mtp_train_state.pt", weights_only=False)
+    assert state["config"]["dtype"] == "bfloat16"
+    moments = [t for s in state["optimizer"]["state"].values() for t in s.values() if t.dim() > 0]
+    assert moments and all(t.dtype == torch.float32 for t in moments)
+    assert load_model(out).dtype == load_model(headed_model).dtype == torch.float32
+    first = {}  # one ce step each way: close, but not equal (the bf16 products ran)
+    for dtype in ("float32", "bfloat16"):
+        train_mtp(headed_model, _cfg(loss="ce", steps=1, dtype=dtype), out=tmp_path / dtype, progress=False)
+        first[dtype] = json.loads((tmp_path / dtype / "mtp_metrics.jsonl").read_text())["loss"]
+    assert first["float32"] != first["bfloat16"] and first["float32"] == pytest.approx(first["bfloat16"], rel=0.01)
+    partial = tmp_path / "partial"
+    train_mtp(headed_model, _cfg(dtype="bfloat16", steps=15, save_every=15), out=partial, progress=False)
+    st = torch.load(partial / "mtp_train_state.pt", weights_only=False)
+    st["config"]["steps"] = 30
+    torch.save(st, partial / "mtp_train_state.pt")
+    resumed = train_mtp(headed_model, _cfg(dtype="bfloat16", steps=30, save_every=15), out=partial, resume=True,
+                        progress=False)
+    assert resumed["loss"] == pytest.approx(result["loss"], rel=1e-4)
+    with pytest.raises(BebopError, match="config differs in dtype$"):  # the precision is part of the run
+        train_mtp(headed_model, _cfg(steps=30, save_every=15), out=partial, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("device,needle", [("tpu", "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
+                                           ("cuda:0", "CUDA is not available")])
+def test_bad_device(headed_model, device, needle):
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(BebopError, match=needle):
+        train_mtp(headed_model, _cfg(steps=1), progress=False, device=device)
+
+
+def test_train_cli_takes_dtype_and_device(headed_model, tmp_path, capsys):
+    from bebop.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["mtp", "train", "--model", str(headed_model), "--out", str(out), "--steps", "2", "--depths", "2",
+                 "--batch-size", "4", "--num-samples", "8", "--max-new-tokens", "12", "--dtype", "bfloat16",
+                 "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["steps"] == 2
+    assert torch.load(out / "mtp_train_state.pt", weights_only=False)["config"]["dtype"] == "bfloat16"
 
 
 def test_model_without_head(tiny_model_dir):
@@ -166,3 +220,8 @@ def test_ce_warmup_switches_loss_once():
     assert [loss_at(s, cfg) for s in range(10)] == ["ce"] * 4 + ["e2e_tv"] * 6
     with pytest.raises(BebopError, match="ce-warmup"):
         _cfg(steps=10, ce_warmup_steps=10).validate()
+
+
+def test_a_bad_dtype_fails_when_the_config_is_made():
+    with pytest.raises(BebopError, match="unknown training dtype 'float16'"):
+        MTPTrainConfig(dtype="float16")

@@ -46,12 +46,14 @@ def save_train_state(directory: str | os.PathLike, state: dict, name: str = STAT
     atomic_write(Path(directory) / name, lambda tmp: torch.save(state, tmp))
 
 
-def load_train_state(directory: str | os.PathLike, name: str = STATE_FILE) -> dict:
+def load_train_state(directory: str | os.PathLike, name: str = STATE_FILE, *,
+                     map_location: str | None = None) -> dict:
+    """The saved state; `map_location="cpu"` loads tensors saved on a GPU onto the CPU (to resume elsewhere)."""
     path = Path(directory) / name
     if not path.is_file():
         raise BebopError(f"nothing to resume: no {name} in {directory}")
     try:
-        return torch.load(path, weights_only=False)
+        return torch.load(path, weights_only=False, map_location=map_location)
     except Exception as exc:  # a truncated or foreign file
         raise BebopError(f"corrupt training state {path}: {type(exc).__name__}") from None
 

@@ -81,6 +81,7 @@ def _add_train(mtp_sub) -> None:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--tensorboard", action="store_true",
                    help="also log the per-step metrics to OUT/tb (OUT: --out, else --model; needs tensorboard)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (not part of the run: resume anywhere)")
     p.set_defaults(func=run_train)
 
 
@@ -88,7 +89,8 @@ def run_train(args: argparse.Namespace) -> None:
     from bebop.mtp.train import MTPTrainConfig, train_mtp
 
     cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
-    print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume, tensorboard=args.tensorboard)))
+    print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume, tensorboard=args.tensorboard,
+                               device=args.device)))
 
 
 def _add_eval(mtp_sub) -> None:

@@ -1,6 +1,7 @@
 """Pre-RL training of the MTP draft head (docs/method.md section 4).
 
     bebop mtp train --model DIR --loss e2e_tv [--depths 5] [--steps 300] [--out DIR2] [--resume]
+                    [--dtype float32|bfloat16] [--device auto|cpu|cuda[:N]]
 
 The trunk is frozen and detached: only `mtp.*` parameters train (the embedding and LM head the
 head shares with the trunk stay frozen too). Each step takes a batch of sequences, runs the
@@ -9,6 +10,13 @@ trunk once without gradients, and trains the teacher-forced chain (bebop.mtp.cha
 for depth d at chain t is the trunk's distribution at position t+d. Chains are kept only where
 they lie wholly inside a completion's policy tokens (never in the prompt, padding or an
 environment observation). Metrics go to `mtp_metrics.jsonl`; `mtp_train_state.pt` resumes.
+
+Memory: the loss is taken from hidden states (bebop.losses.hidden): the trunk's forward gives
+(B, T, H), the head's chain (B, T, D, H), and the LM head's logits and the targets are recomputed
+a chunk of chains at a time, so no (B, T, V) or (B, T, D, V) tensor exists at any vocabulary size
+(docs/benchmarks.md, issue 16). `--dtype bfloat16` runs the trunk, the head and the LM-head products
+under bf16 autocast (bebop.precision); the head's weights, its AdamW state and the loss's softmax
+and values stay float32, and the saved model keeps its declared dtype.
 """
 
 from __future__ import annotations
@@ -24,13 +32,14 @@ from tqdm import tqdm
 
 from bebop.errors import BebopError
 from bebop.fields import opt
-from bebop.losses import DRAFT_LOSSES, DraftLossInputs, draft_loss
+from bebop.losses import DRAFT_LOSSES, DraftHiddenInputs, DraftLossInputs, DraftLossOutput, draft_loss_from_hidden
 from bebop.metrics_log import MetricsLog, require_tensorboard
 from bebop.model.checkpoint import save_model
 from bebop.model.mtp import MTP_PREFIX
 from bebop.mtp.chain import chain_forward, shifted
 from bebop.mtp.data import Sequence, demonstration_data, selfdistill_data
-from bebop.policy import Policy, load_policy
+from bebop.policy import Policy, load_policy, resolve_device
+from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
 from bebop.tasks import get_task
 from bebop.tokenizer import copy_tokenizer_files
 from bebop.train_state import (
@@ -63,6 +72,9 @@ class MTPTrainConfig:
     max_new_tokens: int = opt(192, "per self-distillation sample")
     grad_clip: float = opt(1.0, "gradient-norm clip")
     save_every: int = opt(100, "steps between resumable saves")
+    dtype: str = opt("float32", "training precision: float32, or bfloat16 mixed precision (autocast; the head's "
+                     "weights and AdamW state stay float32, the loss's softmax and values float32)",
+                     choices=TRAIN_DTYPES)
     ce_warmup_steps: int = opt(0, "train with ce for the first N steps, then with --loss (the TV gradient "
                                   "vanishes where the draft gives ~0 mass)")
 
@@ -80,6 +92,7 @@ class MTPTrainConfig:
             raise BebopError(f"--ce-warmup-steps must be in [0, steps), got {self.ce_warmup_steps}")
         if not self.temperature > 0:
             raise BebopError(f"--temperature must be > 0 for training targets, got {self.temperature}")
+        check_train_dtype(self.dtype)
 
 
 @dataclass
@@ -108,27 +121,44 @@ def loss_at(step: int, cfg: MTPTrainConfig) -> str:
     return "ce" if step < cfg.ce_warmup_steps else cfg.loss
 
 
-def chain_distributions(policy: Policy, batch: ChainBatch, depths: int, temperature: float) -> DraftLossInputs:
-    """Every chain of the batch at depths 1..D: the head's logits (gradient into the head only) and the
-    trunk's distributions at the same positions (detached), at `temperature` -> (N, D, V) each, keep (N,)."""
+def chain_hidden(policy: Policy, batch: ChainBatch, depths: int, temperature: float) -> DraftHiddenInputs:
+    """Every chain of the batch at depths 1..D as hidden states: the head's outputs (gradient into the head
+    only) and the trunk's at the target positions (detached) -> (N, D, H) each, with the shared LM head and
+    keep (N,). The target for depth d at chain t is the trunk's state (hence distribution) at position t+d."""
     model = policy.model
     head = model.require_mtp()
+    ids, keep = batch.ids.to(model.device), batch.keep.to(model.device)  # (B, T) each
     with torch.no_grad():
-        hidden = model(batch.ids)  # (B, T, H) after the final norm
-        target = torch.softmax(model.logits(hidden) / temperature, dim=-1)  # (B, T, V)
-        targets = torch.stack([shifted(target, d, 0) for d in range(1, depths + 1)], dim=2)  # (B, T, D, V)
-        embeds = [model.embed(shifted(batch.ids, d, policy.pad_id)) for d in range(1, depths + 1)]
-    outs = chain_forward(head, hidden, embeds)  # D x (B, T, H)
-    draft_logits = torch.stack([model.mtp_logits(o) for o in outs], dim=2) / temperature  # (B, T, D, V)
-    v = draft_logits.shape[-1]
-    return DraftLossInputs(draft_logits.reshape(-1, depths, v), targets.reshape(-1, depths, v), batch.keep.reshape(-1))
+        hidden = model(ids)  # (B, T, H) after the final norm
+        targets = torch.stack([shifted(hidden, d, 0) for d in range(1, depths + 1)], dim=2)  # (B, T, D, H)
+        embeds = [model.embed(shifted(ids, d, policy.pad_id)) for d in range(1, depths + 1)]
+    drafts = torch.stack(chain_forward(head, hidden, embeds), dim=2)  # (B, T, D, H), after the head's norm
+    h = hidden.shape[-1]
+    # model.logits and model.mtp_logits are both lm_head(x).float(): a bias-free product, no softcap or scale
+    return DraftHiddenInputs(drafts.reshape(-1, depths, h), targets.reshape(-1, depths, h), model.lm_head.weight,
+                             temperature, keep.reshape(-1))
+
+
+def chain_distributions(policy: Policy, batch: ChainBatch, depths: int, temperature: float) -> DraftLossInputs:
+    """`chain_hidden` as full distributions: the head's logits and the trunk's probabilities, (N, D, V) each,
+    keep (N,). For small evaluation batches (diagnostics); training goes through `chain_step`, which never
+    makes an (N, D, V) tensor."""
+    return chain_hidden(policy, batch, depths, temperature).materialise()
+
+
+def loss_chunk_size(depths: int, vocab_size: int) -> int:
+    """Chains per loss chunk: about LOSS_CHUNK_FLOATS floats per (chunk, D, V) temporary."""
+    return max(1, LOSS_CHUNK_FLOATS // (depths * vocab_size))
 
 
 def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig, loss: str | None = None):
-    """The draft loss (default cfg.loss) of one batch, gradient into the head only -> DraftLossOutput."""
-    inputs = chain_distributions(policy, batch, cfg.depths, cfg.temperature)
-    v = inputs.draft_logits.shape[-1]
-    return draft_loss(loss or cfg.loss, inputs, chunk_size=max(1, LOSS_CHUNK_FLOATS // (cfg.depths * v)))
+    """The draft loss (default cfg.loss) of one batch, gradient into the head only -> DraftLossOutput.
+
+    Fused from the hidden states (bebop.losses.hidden): the LM head's logits are recomputed chunk by
+    chunk in forward and backward, never held for the whole batch."""
+    inputs = chain_hidden(policy, batch, cfg.depths, cfg.temperature)
+    chunk = loss_chunk_size(cfg.depths, inputs.lm_head.shape[0])
+    return draft_loss_from_hidden(loss or cfg.loss, inputs, chunk_size=chunk)
 
 
 def freeze_trunk(policy: Policy) -> list[torch.nn.Parameter]:
@@ -152,27 +182,71 @@ def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bo
     return data
 
 
+def saved_config(state: dict) -> dict:
+    """A saved state's config, with the fields added since at the value they then had (dtype: float32)."""
+    return {"dtype": "float32", **state["config"]}
+
+
+def _training_device(name: str) -> str:
+    try:
+        resolve_device(name)
+    except RuntimeError:  # torch's own message lists every backend it knows
+        raise BebopError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    return name
+
+
+def _start(model_dir: Path, out: Path, cfg: MTPTrainConfig, resume: bool, device: str) -> tuple[Policy, dict | None]:
+    """The policy on `device` (from `out` when resuming) and the state to resume, config checked."""
+    policy = load_policy(out if resume else model_dir, device=_training_device(device))
+    policy.model.require_mtp()
+    state = load_train_state(out, STATE_FILE, map_location="cpu") if resume else None
+    if state is not None:
+        check_same_config(saved_config(state), asdict(cfg), out)
+    return policy, state
+
+
+def _train_step(policy: Policy, opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], batch: ChainBatch,
+                cfg: MTPTrainConfig, step: int) -> DraftLossOutput:
+    """One optimizer step: the chain loss forward in the training precision, backward, clip, AdamW."""
+    for g in opt.param_groups:
+        g["lr"] = cfg.lr * min(1.0, (step + 1) / 20)
+    with train_autocast(policy.model.device, cfg.dtype):
+        result = chain_step(policy, batch, cfg, loss_at(step, cfg))
+    opt.zero_grad(set_to_none=True)
+    result.loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    opt.step()
+    return result
+
+
+def _save(policy: Policy, out: Path, cfg: MTPTrainConfig, step: int, opt: torch.optim.Optimizer,
+          rng: random.Random) -> None:
+    policy.model.eval()
+    save_model(policy.model, out)  # in the model's declared dtype
+    save_train_state(out, {"config": asdict(cfg), "step": step, "optimizer": opt.state_dict(),
+                           "data_rng": rng.getstate(), "rng": rng_state(),
+                           "head": master_weights(policy.model, MTP_PREFIX)}, STATE_FILE)
+    policy.model.train()
+
+
 def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | None = None, resume: bool = False,
-              progress: bool = True, data_cache: str | Path | None = None, tensorboard: bool = False) -> dict:
-    """Train the head of the model in `model_dir`; write it to `out` (default: model_dir).
-    Per-step metrics: OUT/mtp_metrics.jsonl (and OUT/tb with `tensorboard`)."""
+              progress: bool = True, data_cache: str | Path | None = None, tensorboard: bool = False,
+              device: str = "auto") -> dict:
+    """Train the head of the model in `model_dir` on `device` (auto, cpu, cuda, cuda:N); write it to `out`
+    (default: model_dir). Per-step metrics: OUT/mtp_metrics.jsonl (and OUT/tb with `tensorboard`).
+    The device is not part of the run: a run resumes on another one."""
     if tensorboard:
         require_tensorboard()  # before anything is written
     out = Path(out or model_dir)
-    source = out if resume else Path(model_dir)
-    policy = load_policy(source, device="cpu")
-    policy.model.require_mtp()
-    state = load_train_state(out, STATE_FILE) if resume else None
-    if state is not None:
-        check_same_config(state["config"], asdict(cfg), out)
+    policy, state = _start(Path(model_dir), out, cfg, resume, device)
     params = freeze_trunk(policy)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))  # float32 state: float32 params
     data = load_data(policy, cfg, Path(data_cache or Path(model_dir) / "mtp_data"), progress)
     rng, start = random.Random(cfg.seed), 0
     if state is not None:
         if "head" in state:  # exact, also where the model directory holds the head rounded to its dtype
             restore_master_weights(policy.model, state["head"])
-        opt.load_state_dict(state["optimizer"])
+        opt.load_state_dict(state["optimizer"])  # moves the state onto the parameters' device
         rng.setstate(state["data_rng"])
         set_rng_state(state["rng"])
         start = state["step"]
@@ -186,26 +260,14 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     t0 = time.perf_counter()
     for step in bar:
         batch = make_batch([data[rng.randrange(len(data))] for _ in range(cfg.batch_size)], cfg.depths, policy.pad_id)
-        for g in opt.param_groups:
-            g["lr"] = cfg.lr * min(1.0, (step + 1) / 20)
-        result = chain_step(policy, batch, cfg, loss_at(step, cfg))
-        opt.zero_grad(set_to_none=True)
-        result.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
+        result = _train_step(policy, opt, params, batch, cfg, step)
         acc = [round(a, 4) for a in result.acceptance_per_depth.tolist()]
         log.write({"step": step + 1, "loss": round(result.loss.item(), 5), "acceptance_per_depth": acc,
                    "num_chains": result.num_chains})
         bar.set_postfix(loss=f"{result.loss.item():.3f}", acc1=f"{acc[0]:.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            policy.model.eval()
-            save_model(policy.model, out)
-            save_train_state(out, {"config": asdict(cfg), "step": step + 1, "optimizer": opt.state_dict(),
-                                   "data_rng": rng.getstate(), "rng": rng_state(),
-                                   "head": master_weights(policy.model, MTP_PREFIX)}, STATE_FILE)
-            policy.model.train()
+            _save(policy, out, cfg, step + 1, opt, rng)
     log.close()
     last = log.last
     return {"steps": cfg.steps, "loss": last.get("loss"), "acceptance_per_depth": last.get("acceptance_per_depth"),
             "train_seconds_this_run": round(time.perf_counter() - t0, 1), "out": str(out)}
-

@@ -221,7 +221,7 @@ def stage_head(layout: DemoLayout, cfg: DemoConfig, policy_dir: Path, loss: str,
         f"{mcfg.depths} depths, {mcfg.num_samples} self-distilled samples)")
     t0 = time.perf_counter()
     summary = train_mtp(layout.head_init, mcfg, out=head_dir, resume=resume, progress=progress,
-                        data_cache=layout.mtp_data)
+                        data_cache=layout.mtp_data, device="cpu")  # as before: the demo's --device is for eval and RL
     atomic_write_json(layout.head_result(loss), {
         "loss": loss, "head_dir": _relative(head_dir, layout.root), "config": asdict(mcfg),
         "final_loss": summary["loss"], "final_acceptance_per_depth": summary["acceptance_per_depth"],

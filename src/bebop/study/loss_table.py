@@ -26,7 +26,7 @@ from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json, atomic_write_text
 from bebop.model.checkpoint import save_model
 from bebop.mtp.evaluate import evaluate_mtp
-from bebop.mtp.train import STATE_FILE, MTPTrainConfig, train_mtp
+from bebop.mtp.train import STATE_FILE, MTPTrainConfig, saved_config, train_mtp
 from bebop.policy import load_policy
 from bebop.study.intervals import mean_interval
 from bebop.tasks import get_task
@@ -48,8 +48,8 @@ def _saved_step(head_dir: Path, cfg: MTPTrainConfig) -> int | None:
     """The step a head trained with exactly this config reached, or None (absent / other config)."""
     if not (head_dir / STATE_FILE).is_file():
         return None
-    state = torch.load(head_dir / STATE_FILE, weights_only=False)
-    return state["step"] if state["config"] == asdict(cfg) else None
+    state = torch.load(head_dir / STATE_FILE, weights_only=False, map_location="cpu")
+    return state["step"] if saved_config(state) == asdict(cfg) else None
 
 
 def run_loss_study(policy_dir: str | Path, out: str | Path, *, task: str, losses: Sequence[str] = LOSSES,
@@ -108,7 +108,7 @@ def _one_head(policy_dir: Path, out: Path, task: str, loss: str, seed: int, *, s
     if step is None or step < steps:
         headed_copy(policy_dir, out / "init", seed)
         train_mtp(out / "init", cfg, out=head_dir, progress=progress, data_cache=out / "mtp_data",
-                  resume=step is not None)
+                  resume=step is not None, device="cpu")
     evals = evaluate_mtp(load_policy(head_dir, device="cpu"), get_task(task), k=k, temperatures=[temperature],
                          modes=["rs", "to"], n=n_eval, seed=seed, progress=progress)
     by_mode = {e["mode"]: e for e in evals}
