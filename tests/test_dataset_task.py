@@ -8,7 +8,6 @@ import pytest
 from bebop.errors import BebopError
 from bebop.policy import load_policy
 from bebop.tasks.dataset_task import COMPLETIONS, load_dataset_task
-
 from data_helpers import PREAMBLE, user, verl_row, with_chat_template, write_rows
 
 REWARD_FILE = """
@@ -103,3 +102,14 @@ def test_sft_completions_from_text_and_from_assistant_messages(tiny_model_dir, t
     with pytest.raises(BebopError, match=r"sft.jsonl: row 1 has no completion \('completion', 'response', or a final "
                                          "assistant message\\)"):
         load_dataset_task(write_rows(tmp_path / "sft.jsonl", [{"prompt": "a"}]), policy, need=COMPLETIONS)
+
+
+def test_two_files_of_one_name_never_share_a_self_distillation_cache(chat_policy, tmp_path):
+    from bebop.mtp.data import _cache_path
+    from bebop.tasks.dataset_task import PROMPTS
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    a = load_dataset_task(write_rows(tmp_path / "a" / "train.jsonl", rows(2)), chat_policy, need=PROMPTS)
+    b = load_dataset_task(write_rows(tmp_path / "b" / "train.jsonl", rows(3)), chat_policy, need=PROMPTS)
+    paths = {_cache_path(tmp_path, task, 4, 1.0, 0, 8) for task in (a, b, a)}
+    assert len(paths) == 2 and all(p.name.startswith("train.jsonl-") for p in paths)

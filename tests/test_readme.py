@@ -1,6 +1,14 @@
-"""The README's Quickstart is what CI runs: the test command appears verbatim in .ci/run."""
+"""The README's commands run: the Quickstart's test command is verbatim in .ci/run, and the worked example of
+'Your own model and data' runs as written (shrunk by appended flags)."""
 
+import json
+import shlex
 from pathlib import Path
+
+import pytest
+
+from bebop.cli import main
+from data_helpers import verl_row, with_chat_template, write_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,3 +26,37 @@ def test_quickstart_has_two_commands_and_ci_runs_the_test_one():
     assert "pytest" in commands[1]
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert commands[1] in ci_lines
+
+
+def _section_commands(title: str) -> list[list[str]]:
+    """The `bebop ...` command lines of a README section's code blocks, split as a shell would."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return [shlex.split(line.strip()) for line in section.splitlines() if line.startswith("    bebop ")]
+
+
+# what shrinks the worked example to seconds: appended flags override the README's (argparse: last wins)
+SMALL = {"init": [], "train": ["--steps", "3", "--num-samples", "4", "--max-new-tokens", "8", "--batch-size", "2",
+                               "--depths", "2", "--save-every", "3"],
+         "rl": ["--steps", "2", "--group-size", "2", "--batch-prompts", "2", "--max-new-tokens", "8", "--k", "2",
+                "--eval-every", "1", "--no-progress"]}
+
+
+def test_your_own_model_and_data_worked_example_runs_as_written(hf_model_dir, tmp_path, monkeypatch):
+    """A Hugging Face Qwen3 directory with a chat template, a verl-format parquet file, `bebop mtp init`,
+    `bebop mtp train --data`, then `bebop rl --data --spec rs`: the README's commands, as written."""
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("math_verify")
+    commands = _section_commands("Your own model and data")
+    assert [argv[:2] for argv in commands] == [["bebop", "mtp"], ["bebop", "mtp"], ["bebop", "rl"]]
+    monkeypatch.chdir(tmp_path)
+    with_chat_template(hf_model_dir[1], tmp_path / "Qwen3-0.6B")
+    (tmp_path / "gsm8k").mkdir()
+    for split, n in (("train", 6), ("test", 2)):
+        write_parquet(tmp_path / "gsm8k" / f"{split}.parquet", [verl_row(f"{i}+{i}?", str(2 * i)) for i in range(n)])
+    for argv in commands:
+        kind = argv[1] if argv[1] == "rl" else argv[2]
+        assert main(argv[1:] + SMALL[kind]) == 0, argv
+    metrics = [json.loads(line) for line in (tmp_path / "runs/rl-gsm8k/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["eval_reward"] is not None for m in metrics)
+    assert all(m["acceptance_rate"] is not None for m in metrics)  # the rollouts were speculative

@@ -26,6 +26,7 @@ from bebop.policy import Policy
 from bebop.rollout import run_episodes
 from bebop.sampling import SamplingParams
 from bebop.tasks import Task
+from bebop.tasks.dataset_task import DatasetTask
 
 
 @dataclass
@@ -46,7 +47,8 @@ def tokenizer_fingerprint(policy: Policy) -> str:
 
 
 def _cache_path(cache_dir: Path, task: Task, n: int, temperature: float, seed: int, max_new_tokens: int) -> Path:
-    return cache_dir / f"{task.name}-n{n}-T{temperature:g}-s{seed}-m{max_new_tokens}.jsonl"
+    name = f"{task.name}-{task.fingerprint}" if isinstance(task, DatasetTask) else task.name  # two files, one name
+    return cache_dir / f"{name}-n{n}-T{temperature:g}-s{seed}-m{max_new_tokens}.jsonl"
 
 
 def load_sequences(path: Path, policy: Policy) -> list[Sequence]:

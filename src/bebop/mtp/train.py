@@ -40,7 +40,7 @@ from bebop.mtp.chain import chain_forward, shifted
 from bebop.mtp.data import Sequence, demonstration_data, selfdistill_data
 from bebop.policy import Policy, load_policy, resolve_device
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
-from bebop.tasks import get_task
+from bebop.tasks.dataset_task import COMPLETIONS, PROMPTS, run_task
 from bebop.tokenizer import copy_tokenizer_files
 from bebop.train_state import (
     check_same_config,
@@ -66,7 +66,8 @@ class MTPTrainConfig:
     batch_size: int = opt(16, "sequences per step")
     temperature: float = opt(1.0, "sampling and target temperature")
     seed: int = opt(0, "seeds the data and the order")
-    task: str = opt("math", "task whose train prompts feed self-distillation")
+    task: str = opt("math", "task whose train prompts feed self-distillation (or --data FILE)")
+    data: str = opt("", "your own prompts for self-distillation: a JSONL or parquet file (verl or TRL rows)")
     num_samples: int = opt(512, "self-distillation samples from the policy")
     num_demos: int = opt(0, "task demonstrations mixed in")
     max_new_tokens: int = opt(192, "per self-distillation sample")
@@ -172,7 +173,8 @@ def freeze_trunk(policy: Policy) -> list[torch.nn.Parameter]:
 
 
 def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bool) -> list[Sequence]:
-    task = get_task(cfg.task)
+    need = COMPLETIONS if cfg.num_demos else PROMPTS  # demonstrations from a file are its completions
+    task = run_task(policy, task=cfg.task, difficulty=1, data=cfg.data, need=need)
     data = []
     if cfg.num_samples:
         data += selfdistill_data(policy, task, n=cfg.num_samples, temperature=cfg.temperature, seed=cfg.seed,

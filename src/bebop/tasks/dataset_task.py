@@ -2,17 +2,19 @@
 
     task = load_dataset_task("train.parquet", policy, reward="")            # RL: rows need a reward
     task = load_dataset_task("sft.jsonl", policy, need=COMPLETIONS)         # SFT: rows need a completion
+    task = load_dataset_task("train.parquet", policy, need=PROMPTS)         # MTP self-distillation: prompts
     task.batch(index, n, seed)      # RL batch `index`: n rows, epoch after epoch, each epoch shuffled
 
 Everything a run needs from the file is checked when it is loaded, before any rollout or step: every
 row parses, every chat prompt renders with the model's template, every prompt fits the model's context,
-and every row has a reward (or, for SFT, a completion). Rows are drawn in epochs: epoch e is a
-permutation of the rows seeded by (seed, e), so a batch is a pure function of (seed, index) and a resumed
-run draws exactly the batches it has not trained on.
+and every row has a reward (for SFT, a completion; for MTP self-distillation, a prompt is enough).
+Rows are drawn in epochs: epoch e is a permutation of the rows seeded by (seed, e), so a batch is a pure
+function of (seed, index) and a resumed run draws exactly the batches it has not trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import sys
@@ -27,7 +29,7 @@ from bebop.tasks.base import Problem, Task, check_split
 from bebop.tasks.data_files import DataRow, read_data_rows
 from bebop.tasks.rewards import RewardFn, absolute_spec, row_rewards, score_row
 
-REWARDS, COMPLETIONS = "rewards", "completions"  # what a run needs of every row
+REWARDS, COMPLETIONS, PROMPTS = "rewards", "completions", "prompts"  # what a run needs of every row
 MAX_REPORTED_ERRORS = 10  # reward errors printed per run; later ones are counted only
 
 
@@ -39,6 +41,7 @@ class DatasetTask:
         self.path, self.rows, self.prompts, self.reward_spec = str(path), rows, prompts, absolute_spec(reward)
         self.completions = completions
         self.name = Path(path).name
+        self.fingerprint = hashlib.sha1("\0".join(prompts).encode()).hexdigest()[:10]  # the prompts, in order
         self._index = {row.number: i for i, row in enumerate(rows)}
         self._rewards: list[RewardFn] | None = None  # loaded on first use, in each process (not pickled)
         self._order: tuple[tuple[int, int], list[int]] | None = None  # ((seed, epoch), permutation)
@@ -156,7 +159,8 @@ def load_dataset_task(path: str | os.PathLike, policy: Policy, *, reward: str = 
                        for row, text in zip(rows, prompts)]
         return DatasetTask(path, rows, prompts, completions=completions)
     task = DatasetTask(path, rows, prompts, reward=reward)
-    task.rewards  # noqa: B018 -- every row has a scorer and what it needs, before any rollout
+    if need == REWARDS:
+        task.rewards  # noqa: B018 -- every row has a scorer and what it needs, before any rollout
     return task
 
 
@@ -168,4 +172,4 @@ def run_task(policy: Policy, *, task: str, difficulty: int, data: str = "", rewa
     return get_task(task, difficulty)
 
 
-__all__ = ["COMPLETIONS", "REWARDS", "DatasetTask", "load_dataset_task", "run_task"]
+__all__ = ["COMPLETIONS", "PROMPTS", "REWARDS", "DatasetTask", "load_dataset_task", "run_task"]
