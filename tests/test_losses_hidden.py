@@ -31,16 +31,19 @@ def full_inputs(draft, target, weight, temperature, mask):
     return DraftLossInputs(draft @ weight.T / temperature, torch.softmax(target @ weight.T / temperature, -1), mask)
 
 
+@pytest.mark.parametrize("weight_grad", [False, True], ids=["frozen-head", "head-grad"])
 @pytest.mark.parametrize("name", NAMES)
-def test_equals_draft_loss_on_the_full_logits(name):
+def test_equals_draft_loss_on_the_full_logits(name, weight_grad):
+    """A frozen LM head: per-row gradients taken in forward; one that requires grad: recomputed in backward."""
     draft, target, weight = random_hidden()
-    weight.requires_grad_()
+    weight.requires_grad_(weight_grad)
+    wrt = (draft, weight) if weight_grad else (draft,)
     mask = torch.tensor([True, False, True, True, True, False, True, True, True])  # 7 kept
     want = draft_loss(name, full_inputs(draft, target, weight, 0.7, mask), chunk_size=4)
-    g_want = torch.autograd.grad(want.loss, (draft, weight))
+    g_want = torch.autograd.grad(want.loss, wrt)
     for chunk_size in (1, 3, 4, 64):  # 3 and 4 do not divide the 7 kept chains
         got = draft_loss_from_hidden(name, DraftHiddenInputs(draft, target, weight, 0.7, mask), chunk_size=chunk_size)
-        g_got = torch.autograd.grad(got.loss, (draft, weight))
+        g_got = torch.autograd.grad(got.loss, wrt)
         assert got.loss.item() == pytest.approx(want.loss.item(), rel=1e-12, abs=1e-13)
         for a, b in zip(g_got, g_want):  # grad wrt draft_hidden, and wrt the LM head
             assert torch.allclose(a, b, rtol=1e-10, atol=1e-13)
@@ -50,11 +53,13 @@ def test_equals_draft_loss_on_the_full_logits(name):
     assert torch.equal(g_got[0][~mask], torch.zeros_like(g_got[0][~mask]))  # masked chains: exactly zero
 
 
+@pytest.mark.parametrize("weight_grad", [False, True], ids=["frozen-head", "head-grad"])
 @pytest.mark.parametrize("name", ["ce", "rkl", "e2e_tv"])
-def test_gradcheck_against_finite_differences(name):
+def test_gradcheck_against_finite_differences(name, weight_grad):
     """Wrt draft_hidden only: a finite difference in the weight also moves the target, which the loss
     holds constant (its weight gradient is checked against draft_loss above)."""
     draft, target, weight = random_hidden(n=5, k=2, h=4, v=7, seed=1)
+    weight.requires_grad_(weight_grad)  # True takes the recomputing backward
     mask = torch.tensor([True, True, False, True, True])
 
     def loss(d):

@@ -7,10 +7,14 @@
 
 Shapes: N chains, K depths, H hidden, V vocab, c chains in a chunk. Per chunk of kept chains:
 z = draft_hidden[c] @ W^T / temperature (c, K, V), p = softmax(target_hidden[c] @ W^T / temperature),
-and the row values of bebop.losses.rows (the same chunk loop serves the logits path). Backward
-recomputes z and p per chunk and returns d loss / d draft_hidden = (grad_rows * dRow/dz) @ W / temperature
-(and d loss / d W = its transpose times draft_hidden / temperature). The target never gets a
-gradient: target_hidden is detached and p is a constant of the loss, as in `draft_loss`.
+and the row values of bebop.losses.rows (the same chunk loop serves the logits path). The gradient
+d loss / d draft_hidden = grad_rows * (dRow/dz @ W) / temperature, per row. Row (n, k) depends on
+draft_hidden[n, k] alone, so with a frozen weight (MTP training) the forward takes each row's own
+gradient dRow/dz @ W / temperature (N, K, H) from the chunk it already holds, and backward only
+scales it by grad_rows: nothing is recomputed. With a weight that requires grad, backward instead
+recomputes z and p per chunk and also returns d loss / d W = (grad_rows * dRow/dz)^T draft_hidden /
+temperature. The target never gets a gradient: target_hidden is detached and p is a constant of the
+loss, as in `draft_loss`.
 
 Equal, up to float rounding, to
     draft_loss(name, DraftLossInputs(draft_hidden @ W.T / T, softmax(target_hidden @ W.T / T), mask))
@@ -24,10 +28,13 @@ inputs' device when the loss is called (bf16 mixed precision: what an `lm_head(x
 autocast would do, so fused == unfused there too), else the compute dtype. W is cast to it once per
 forward and once per backward (a (V, H) copy, only when the dtypes differ), never per chunk.
 
-Memory (peak extra, beyond the inputs): forward and backward each hold a handful (under 8) of
-(chunk_size, K, V) compute-dtype temporaries; the gradient wrt draft_hidden (N, K, H); with a weight
-that requires grad, its float gradient (V, H); under autocast, W's cast (V, H). Nothing (N, K, V).
-The price is time: the logits and targets are computed twice (forward, and again in backward).
+Memory (peak extra, beyond the inputs): the chunk loop holds a handful (under 8) of (chunk_size, K, V)
+compute-dtype temporaries; the per-row gradients (N, K, H) from forward to backward, and the
+gradient wrt draft_hidden (N, K, H); under autocast, W's cast (V, H) while a loop runs; with a weight
+that requires grad, its float gradient (V, H). Nothing (N, K, V).
+Work: per chain and depth, the LM-head product for the draft and for the target, and one more for the
+gradient (3 products of H x V; the full-logits trainer did 1 + 2 per depth, its trunk's logits
+once per position); with a weight that requires grad, backward repeats the first two and adds one.
 """
 
 from __future__ import annotations
@@ -85,34 +92,51 @@ def _hidden_chunk(head: _Head, draft_hidden: Tensor, target_hidden: Tensor, idx:
     return logq, logq.exp(), p
 
 
+def _hidden_grad(head: _Head, g: Tensor) -> Tensor:
+    """g = d . / d z (c, K, V) for z = h W^T / T -> d . / d h = g W / T (c, K, H) in the compute dtype."""
+    gh = (g.to(head.weight.dtype).flatten(0, 1) @ head.weight).to(head.dtype).div_(head.temperature)  # (c*K, H)
+    return gh.view(g.shape[0], g.shape[1], gh.shape[-1])
+
+
+def _store_row_grad(head: _Head, jac: Tensor, idx: Tensor, g: Tensor) -> None:
+    """jac[idx] = d row / d draft_hidden (c, K, H), from g = d row / d z (c, K, V)."""
+    jac.index_copy_(0, idx, _hidden_grad(head, g))
+
+
 def _backward_chunk(head: _Head, g: Tensor, idx: Tensor, draft_hidden: Tensor, grad_h: Tensor | None,
                     grad_w: Tensor | None) -> None:
     """g = d loss / d z (c, K, V) for z = h W^T / T: grad_h[idx] = g W / T; grad_w += g^T h / T."""
-    g_mm = g.to(head.weight.dtype).flatten(0, 1)  # (c*K, V)
     if grad_h is not None:
-        gh = (g_mm @ head.weight).to(head.dtype).div_(head.temperature)  # (c*K, H)
-        grad_h.index_copy_(0, idx, gh.view(*g.shape[:2], gh.shape[-1]).to(grad_h.dtype))
+        grad_h.index_copy_(0, idx, _hidden_grad(head, g).to(grad_h.dtype))
     if grad_w is not None:
         h = draft_hidden.index_select(0, idx).flatten(0, 1).to(head.weight.dtype)  # (c*K, H)
-        grad_w.add_((g_mm.T @ h).to(head.dtype).div_(head.temperature))  # (V, H)
+        grad_w.add_((g.to(head.weight.dtype).flatten(0, 1).T @ h).to(head.dtype).div_(head.temperature))  # (V, H)
 
 
 class _FusedHiddenRows(torch.autograd.Function):
     """(draft_hidden (N, K, H), target_hidden (N, K, H), weight (V, H), kept (M,)) -> rows (N, K), tv (N, K).
 
-    As bebop.losses.rows._FusedRows, with the logits recomputed per chunk from the hidden states."""
+    As bebop.losses.rows._FusedRows, with the logits computed per chunk from the hidden states. Two
+    ways to the gradient. Row (n, k) depends on draft_hidden[n, k] alone, so with `jacobian` (a frozen
+    weight) the forward also takes each row's own gradient J[n, k] = d row / d draft_hidden[n, k]
+    (N, K, H) from the chunk it already holds, and backward is grad_rows * J: nothing recomputed.
+    Otherwise (the weight needs a gradient, a sum over rows weighted by grad_rows) backward
+    recomputes each chunk's logits and targets."""
 
     @staticmethod
     def forward(ctx, draft_hidden, target_hidden, weight, kept, kind: RowLoss, temperature: float,
-                mm_dtype: torch.dtype, chunk_size: int):
-        n, k, _ = draft_hidden.shape
+                mm_dtype: torch.dtype, chunk_size: int, jacobian: bool):
+        n, k, h = draft_hidden.shape
         dtype = compute_dtype(draft_hidden, target_hidden, weight)
         rows = draft_hidden.new_zeros((n, k), dtype=dtype)
         tv = draft_hidden.new_zeros((n, k), dtype=dtype)
+        jac = draft_hidden.new_zeros((n, k, h), dtype=dtype) if jacobian else None  # (N, K, H)
         with torch.autocast(draft_hidden.device.type, enabled=False):
             head = _Head(weight.to(mm_dtype), temperature, dtype)
-            chunk_rows(partial(_hidden_chunk, head, draft_hidden, target_hidden), kept, kind, chunk_size, rows, tv)
-        ctx.save_for_backward(draft_hidden, target_hidden, weight, kept)
+            row_grad = None if jac is None else partial(_store_row_grad, head, jac)
+            chunk_rows(partial(_hidden_chunk, head, draft_hidden, target_hidden), kept, kind, chunk_size, rows, tv,
+                       row_grad)
+        ctx.save_for_backward(draft_hidden, target_hidden, weight, kept, jac)
         ctx.kind, ctx.temperature, ctx.mm_dtype, ctx.chunk_size = kind, temperature, mm_dtype, chunk_size
         ctx.mark_non_differentiable(tv)
         return rows, tv
@@ -120,8 +144,11 @@ class _FusedHiddenRows(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_rows, grad_tv):
-        draft_hidden, target_hidden, weight, kept = ctx.saved_tensors
+        draft_hidden, target_hidden, weight, kept, jac = ctx.saved_tensors
         need_h, _, need_w = ctx.needs_input_grad[:3]
+        if jac is not None and not need_w:
+            grad_h = (jac * grad_rows.unsqueeze(-1)).to(draft_hidden.dtype) if need_h else None  # (N, K, H)
+            return grad_h, None, None, None, None, None, None, None, None
         dtype = compute_dtype(draft_hidden, target_hidden, weight)
         grad_h = torch.zeros_like(draft_hidden) if need_h else None  # (N, K, H)
         grad_w = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_w else None  # (V, H)
@@ -130,7 +157,7 @@ class _FusedHiddenRows(torch.autograd.Function):
             load = partial(_hidden_chunk, head, draft_hidden, target_hidden)
             for idx, g in chunk_grads(load, kept, ctx.kind, ctx.chunk_size, grad_rows):
                 _backward_chunk(head, g, idx, draft_hidden, grad_h, grad_w)
-        return grad_h, None, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
+        return grad_h, None, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None
 
 
 def matmul_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
@@ -177,6 +204,8 @@ def draft_loss_from_hidden(name: str, inputs: DraftHiddenInputs, *,
     kept = _check_hidden(inputs)
     h = inputs.draft_hidden
     mm = matmul_dtype(h.device, compute_dtype(h, inputs.target_hidden, inputs.lm_head))
+    grad = torch.is_grad_enabled()
+    jacobian = grad and h.requires_grad and not inputs.lm_head.requires_grad  # training: the LM head is frozen
     rows, tv = _FusedHiddenRows.apply(h, inputs.target_hidden.detach(), inputs.lm_head, kept, ROW_LOSSES[spec.row],
-                                      float(inputs.temperature), mm, chunk_size)  # (N, K) each
+                                      float(inputs.temperature), mm, chunk_size, jacobian)  # (N, K) each
     return chain_output(spec, rows, tv, kept)

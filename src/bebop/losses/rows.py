@@ -115,12 +115,18 @@ ChunkLoad = Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
 distributions come from (logits given whole, or recomputed from hidden states: bebop.losses.hidden)."""
 
 
-def chunk_rows(load: ChunkLoad, kept: Tensor, kind: RowLoss, chunk_size: int, rows: Tensor, tv: Tensor) -> None:
-    """Forward over the kept chains, chunk_size at a time: rows[idx] = kind's value, tv[idx] = TV, (N, K) each."""
+def chunk_rows(load: ChunkLoad, kept: Tensor, kind: RowLoss, chunk_size: int, rows: Tensor, tv: Tensor,
+               row_grad: Callable[[Tensor, Tensor], None] | None = None) -> None:
+    """Forward over the kept chains, chunk_size at a time: rows[idx] = kind's value, tv[idx] = TV, (N, K) each.
+    With `row_grad`, also row_grad(idx (c,), d row / d logits (c, K, V)) per chunk, from the same (log q, q, p)."""
     for idx in kept.split(chunk_size):
         logq, q, p = load(idx)
         rows[idx] = kind.value(logq, q, p)
         tv[idx] = _tv_value(logq, q, p)
+        if row_grad is not None:
+            g = kind.grad(logq, q, p)  # (c, K, V)
+            del logq, q, p
+            row_grad(idx, g)
 
 
 def chunk_grads(load: ChunkLoad, kept: Tensor, kind: RowLoss, chunk_size: int,
