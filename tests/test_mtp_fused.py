@@ -1,34 +1,25 @@
 """MTP training through the fused loss (issue 16, part 5): chain_step, which never makes a (B, T, V)
-tensor, equals the full-distribution loss the trainer used before (written out below from
-model.logits and model.mtp_logits), in value, metrics and the head's gradient, on a model with its
-LM head tied to the embedding and on one without."""
+tensor, equals the full-distribution loss the trainer used before (written out from model.logits
+and model.mtp_logits), in value, metrics and the head's gradient, on a model with its
+LM head tied to the embedding and on one without. The reference is benchmarks/mtp_memory.py's
+`full` arm, so this also checks that the benchmark compares like with like."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from bebop.losses import DraftLossInputs, draft_loss
 from bebop.model import load_model
-from bebop.mtp.chain import chain_forward, shifted
+from bebop.mtp.chain import shifted
 from bebop.mtp.data import Sequence
 from bebop.mtp.train import MTPTrainConfig, chain_distributions, chain_step, freeze_trunk, make_batch
 from bebop.policy import Policy
 
 from conftest import CHAR_CODEC
 
-
-def full_distribution_loss(policy, batch, cfg, name):
-    """The trainer before fusion: softmax(model.logits(hidden) / T) over (B, T, V), shifted per depth,
-    against the stacked mtp_logits / T (B, T, D, V)."""
-    model, d = policy.model, cfg.depths
-    with torch.no_grad():
-        hidden = model(batch.ids)  # (B, T, H)
-        target = torch.softmax(model.logits(hidden) / cfg.temperature, dim=-1)  # (B, T, V)
-        targets = torch.stack([shifted(target, i, 0) for i in range(1, d + 1)], dim=2)  # (B, T, D, V)
-        embeds = [model.embed(shifted(batch.ids, i, policy.pad_id)) for i in range(1, d + 1)]
-    outs = chain_forward(model.mtp, hidden, embeds)
-    logits = torch.stack([model.mtp_logits(o) for o in outs], dim=2) / cfg.temperature  # (B, T, D, V)
-    v = logits.shape[-1]
-    return draft_loss(name, DraftLossInputs(logits.reshape(-1, d, v), targets.reshape(-1, d, v), batch.keep.reshape(-1)))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from mtp_memory import full_distribution_loss  # noqa: E402  the pre-fusion trainer, also the benchmark's `full` arm
 
 
 def _policy_and_batch(path, seed=0):
