@@ -185,8 +185,9 @@ def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bo
 
 
 def saved_config(state: dict) -> dict:
-    """A saved state's config, with the fields added since at the value they then had (dtype: float32)."""
-    return {"dtype": "float32", **state["config"]}
+    """A saved state's config; a field added since it was written takes its default, which is what runs
+    did before the field existed (dtype float32, data none)."""
+    return {**asdict(MTPTrainConfig()), **state["config"]}
 
 
 def _training_device(name: str) -> str:
