@@ -4,8 +4,10 @@ rollout worker and the trainer.
     python benchmarks/rl_step.py --model DIR [--steps 6] [--runs sync:off,sync:rs,async:rs@1/1,async:rs@0/0]
                                  [--k auto] [--group-size 8] [--batch-prompts 8] [--max-new-tokens 384]
 
-DIR is a policy with a trained MTP head. A run is MODE:SPEC[@ROLLOUT_THREADS/TRAIN_THREADS] (0 =
-torch's default, every core). Each run trains --steps GRPO steps from the same policy and seed
+DIR is a policy with a trained MTP head. A run is MODE:SPEC[@ROLLOUT_THREADS/TRAIN_THREADS][+DTYPE]
+(0 = torch's default, every core; DTYPE the training precision, float32 or bfloat16). To compare
+revisions, run this script alternately with PYTHONPATH=WORKTREE/src (float32 runs pass no dtype, so an
+older bebop runs them too). Each run trains --steps GRPO steps from the same policy and seed
 into a temporary directory; its step time is the median over the steps after the first (which
 pays first-call costs: the cost profile, allocations). Prints one JSON line per run with the step
 split and the speedup of its median step over the first run's.
@@ -26,10 +28,12 @@ from common import machine
 
 
 def parse_run(text: str) -> dict:
-    name, _, threads = text.partition("@")
+    text_no_dtype, _, dtype = text.partition("+")
+    name, _, threads = text_no_dtype.partition("@")
     mode, spec = name.split(":")
     rollout, train = (int(x) for x in threads.split("/")) if threads else (0, 0)
-    return {"name": text, "mode": mode, "spec": spec, "rollout_threads": rollout, "train_threads": train}
+    return {"name": text, "mode": mode, "spec": spec, "rollout_threads": rollout, "train_threads": train,
+            "dtype": dtype or "float32"}
 
 
 def main() -> None:
@@ -49,7 +53,8 @@ def main() -> None:
                        k=parse_k(args.k) if run["spec"] != "off" else RLConfig.k, group_size=args.group_size,
                        batch_prompts=args.batch_prompts,
                        max_new_tokens=args.max_new_tokens, save_every=args.steps,
-                       rollout_threads=run["rollout_threads"], train_threads=run["train_threads"])
+                       rollout_threads=run["rollout_threads"], train_threads=run["train_threads"],
+                       **({"dtype": run["dtype"]} if run["dtype"] != "float32" else {}))
         with tempfile.TemporaryDirectory() as tmp:
             train_rl(Path(tmp) / "run", cfg, progress=False)
             rows = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]

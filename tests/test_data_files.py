@@ -5,7 +5,6 @@ import pytest
 
 from bebop.errors import BebopError
 from bebop.tasks.data_files import read_data_rows
-
 from data_helpers import user, verl_row, write_rows
 
 SAMPLE = [

@@ -12,8 +12,8 @@ from bebop.cli import main
 from bebop.model import load_model
 from bebop.model.checkpoint import release_dtype
 from bebop.sft import SFTConfig, train_sft
-
 from data_helpers import PREAMBLE, user, verl_row, with_chat_template, write_rows
+
 from rl_helpers import read_metrics
 
 REWARD = """
