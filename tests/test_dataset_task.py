@@ -67,10 +67,13 @@ def test_reward_errors_are_reported_with_their_row_and_score_zero(chat_policy, t
     assert task.reward_errors == 12
 
 
-def test_a_task_travels_without_its_imported_reward(chat_policy, tmp_path, reward):
-    task = load_dataset_task(write_rows(tmp_path / "d.jsonl", rows(3)), chat_policy, reward=reward)
-    copy = pickle.loads(pickle.dumps(task))
-    assert copy._rewards is None
+def test_a_task_travels_without_its_imported_reward(chat_policy, tmp_path, reward, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    task = load_dataset_task(write_rows(tmp_path / "d.jsonl", rows(3)), chat_policy, reward="reward.py:digits")
+    sent = pickle.dumps(task)
+    monkeypatch.chdir("/")  # a Ray worker may run elsewhere
+    copy = pickle.loads(sent)
+    assert copy._rewards is None and copy.reward_spec == f"{tmp_path.resolve() / 'reward.py'}:digits"
     assert [copy.score(p, p.ground_truth) for p in copy.problems("train", 3, 0)] == [1.0] * 3
 
 

@@ -38,7 +38,7 @@ class DatasetTask:
 
     def __init__(self, path: str | os.PathLike, rows: list[DataRow], prompts: list[str], *, reward: str = "",
                  completions: list[str] | None = None) -> None:
-        self.path, self.rows, self.prompts, self.reward_spec = str(path), rows, prompts, absolute_spec(reward)
+        self.path, self.rows, self.prompts, self.reward_spec = str(path), rows, prompts, reward
         self.completions = completions
         self.name = Path(path).name
         self.fingerprint = hashlib.sha1("\0".join(prompts).encode()).hexdigest()[:10]  # the prompts, in order
@@ -47,8 +47,10 @@ class DatasetTask:
         self._order: tuple[tuple[int, int], list[int]] | None = None  # ((seed, epoch), permutation)
         self.reward_errors = 0
 
-    def __getstate__(self) -> dict:  # a task travels to Ray workers without its imported functions
-        return {**self.__dict__, "_rewards": None, "_order": None}
+    def __getstate__(self) -> dict:
+        """A task travels to Ray workers without its imported functions, a reward file's path made absolute
+        (a worker need not share the driver's directory)."""
+        return {**self.__dict__, "_rewards": None, "_order": None, "reward_spec": absolute_spec(self.reward_spec)}
 
     @property
     def rewards(self) -> list[RewardFn]:
