@@ -118,3 +118,17 @@ def test_length_sorted_chunks_give_the_padded_batch_gradient(tmp_path):
     assert mean == pytest.approx(loss.item(), rel=1e-5)
     for g, p in zip(grads, policy.model.parameters()):
         assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_a_run_saved_before_a_field_existed_resumes(tmp_path):
+    """A train state written before --data / --model / --dtype existed resumes: the missing fields take
+    their defaults, which is what the run did."""
+    out = tmp_path / "policy"
+    train_sft(out, _cfg(steps=2, save_every=1), progress=False)
+    state = torch.load(out / "train_state.pt", weights_only=False)
+    for field in ("data", "model", "dtype"):
+        del state["config"][field]
+    torch.save(state, out / "train_state.pt")
+    with pytest.raises(BebopError, match="config differs in steps"):
+        train_sft(out, _cfg(steps=3, save_every=1), resume=True, progress=False)
+    assert train_sft(out, _cfg(steps=2, save_every=1), resume=True, progress=False)["steps"] == 2

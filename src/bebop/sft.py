@@ -53,6 +53,7 @@ from bebop.train_state import (
     rng_state,
     save_train_state,
     set_rng_state,
+    with_defaults,
 )
 
 META_FILE = "sft_meta.json"
@@ -153,7 +154,7 @@ def _start(out: Path, cfg: SFTConfig, resume: bool, device: str) -> tuple[Policy
     checked (model, data rows, chat template) before OUT is written."""
     if resume:
         state = load_train_state(out)
-        check_same_config(state["config"], asdict(cfg), out)
+        check_same_config(with_defaults(SFTConfig, state["config"]), asdict(cfg), out)
         policy = load_policy(out, device=device)
         if state.get("masters"):  # the model directory holds the weights rounded to its dtype
             restore_master_weights(policy.model, state["masters"])

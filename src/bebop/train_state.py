@@ -7,6 +7,7 @@ one save interval apart -- never from a half-written file.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from pathlib import Path
@@ -27,6 +28,12 @@ def rng_state() -> dict:
 def config_diff(saved: dict, current: dict) -> list[str]:
     """The keys whose values differ between two configs (a key missing on one side differs), sorted."""
     return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+
+
+def with_defaults(config_class, saved: dict) -> dict:
+    """A saved config with every field added since it was written at its default (what runs did before
+    the field existed), so that an older run resumes."""
+    return {**dataclasses.asdict(config_class()), **saved}
 
 
 def check_same_config(saved: dict, current: dict, run_dir: str | os.PathLike) -> None:

@@ -50,6 +50,7 @@ from bebop.train_state import (
     rng_state,
     save_train_state,
     set_rng_state,
+    with_defaults,
 )
 
 STATE_FILE = "mtp_train_state.pt"
@@ -185,9 +186,8 @@ def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bo
 
 
 def saved_config(state: dict) -> dict:
-    """A saved state's config; a field added since it was written takes its default, which is what runs
-    did before the field existed (dtype float32, data none)."""
-    return {**asdict(MTPTrainConfig()), **state["config"]}
+    """A saved state's config (fields added since: their defaults, e.g. dtype float32, data none)."""
+    return with_defaults(MTPTrainConfig, state["config"])
 
 
 def _training_device(name: str) -> str:

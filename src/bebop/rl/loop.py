@@ -48,7 +48,14 @@ from bebop.rl.source import Fetched, RolloutSource
 from bebop.rl.sync_source import SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
 from bebop.tasks.dataset_task import load_dataset_task, run_task
-from bebop.train_state import check_same_config, master_weights, restore_master_weights, rng_state, set_rng_state
+from bebop.train_state import (
+    check_same_config,
+    master_weights,
+    restore_master_weights,
+    rng_state,
+    set_rng_state,
+    with_defaults,
+)
 
 CONFIG_FILE = "config.json"
 FINAL_MODEL = "model"
@@ -65,7 +72,7 @@ def _prepare(out: Path, cfg: RLConfig, resume: bool) -> Checkpoint | None:
         return None
     if not saved_cfg.exists():
         raise BebopError(f"nothing to resume: no {CONFIG_FILE} in {out}")
-    saved = {**asdict(RLConfig()), **json.loads(saved_cfg.read_text())}  # a field added since: its default
+    saved = with_defaults(RLConfig, json.loads(saved_cfg.read_text()))
     check_same_config(saved, asdict(cfg), out)
     return load_checkpoint(out)
 
