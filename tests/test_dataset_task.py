@@ -88,6 +88,9 @@ def test_bad_rows_are_errors_at_load_naming_file_and_row(chat_policy, tiny_model
     path = write_rows(tmp_path / "d.jsonl", [{"prompt": [{"role": "tool", "content": "x"}], "answer": 1}])
     with pytest.raises(BebopError, match="failed to render .*d.jsonl: row 1 prompt: unknown role tool"):
         load_dataset_task(path, chat_policy, reward=reward)
+    path = write_rows(tmp_path / "d.jsonl", [{"prompt": "1+1=", "answer": 1}, {"prompt": "日本", "answer": 2}])
+    with pytest.raises(BebopError, match="d.jsonl: row 2: the policy's tokenizer cannot express the prompt '日本'"):
+        load_dataset_task(path, chat_policy, reward=reward)
     path = write_rows(tmp_path / "d.jsonl", [{"prompt": "1+1=", "answer": 2, "data_source": "nobody"}])
     with pytest.raises(BebopError, match="d.jsonl: row 1 has 'nobody', which no built-in scorer knows"):
         load_dataset_task(path, chat_policy)

@@ -39,15 +39,17 @@ def make_observer(policy: Policy, task: Task, problems: Sequence[Problem]) -> Ca
     return observe
 
 
-def encode_prompts(policy: Policy, problems: Sequence[Problem]) -> list[list[int]]:
+def encode_prompt(policy: Policy, text: str, what: str) -> list[int]:
+    """A prompt's token ids, or a BebopError naming `what` when the tokenizer cannot express it."""
+    ids = policy.codec.encode(text)
     unk = policy.codec.token_id("<unk>")
-    prompts = []
-    for problem in problems:
-        ids = policy.codec.encode(problem.prompt)
-        if not ids or (unk is not None and unk in ids):
-            raise BebopError(f"the policy's tokenizer cannot express this {problem.task} prompt: {problem.prompt[:60]!r}")
-        prompts.append(ids)
-    return prompts
+    if not ids or (unk is not None and unk in ids):
+        raise BebopError(f"{what}: the policy's tokenizer cannot express the prompt {text[:60]!r}")
+    return ids
+
+
+def encode_prompts(policy: Policy, problems: Sequence[Problem]) -> list[list[int]]:
+    return [encode_prompt(policy, problem.prompt, f"a {problem.task} prompt") for problem in problems]
 
 
 def run_episodes(policy: Policy, task: Task, problems: Sequence[Problem], *, sampling: SamplingParams,

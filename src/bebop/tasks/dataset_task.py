@@ -24,6 +24,7 @@ from typing import Any
 from bebop.chat import render_chat
 from bebop.errors import BebopError
 from bebop.policy import Policy
+from bebop.rollout import encode_prompt
 from bebop.tasks import get_task
 from bebop.tasks.base import Problem, Task, check_split
 from bebop.tasks.data_files import DataRow, read_data_rows
@@ -110,11 +111,8 @@ class DatasetTask:
 
 
 def _check_prompt(policy: Policy, text: str, where: str) -> None:
-    ids = policy.codec.encode(text)
-    unk = policy.codec.token_id("<unk>")
+    ids = encode_prompt(policy, text, where)
     context = policy.model.config.max_position_embeddings
-    if not ids or (unk is not None and unk in ids):
-        raise BebopError(f"{where}: the model's tokenizer cannot express the prompt {text[:60]!r}")
     if len(ids) >= context:
         raise BebopError(f"{where}: the prompt is {len(ids)} tokens; the model's context is {context}")
 
