@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--batch-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--task", default="math")
+    parser.add_argument("--micro-batch-size", type=int, default=0, help="RLConfig.micro_batch_size (0: not passed)")
     args = parser.parse_args()
     base = None
     for run in map(parse_run, args.runs.split(",")):
@@ -54,7 +55,8 @@ def main() -> None:
                        batch_prompts=args.batch_prompts,
                        max_new_tokens=args.max_new_tokens, save_every=args.steps,
                        rollout_threads=run["rollout_threads"], train_threads=run["train_threads"],
-                       **({"dtype": run["dtype"]} if run["dtype"] != "float32" else {}))
+                       **({"dtype": run["dtype"]} if run["dtype"] != "float32" else {}),
+                       **({"micro_batch_size": args.micro_batch_size} if args.micro_batch_size else {}))
         with tempfile.TemporaryDirectory() as tmp:
             train_rl(Path(tmp) / "run", cfg, progress=False)
             rows = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -27,6 +27,18 @@ class TrainBatch:
         """The rows `index` (R,) of every tensor."""
         return TrainBatch(self.ids[index], self.mask[index], self.sampler_logprobs[index], self.advantages[index])
 
+    @property
+    def widths(self) -> Tensor:
+        """(B,) ids each row needs: through its last policy token (at least 2: one prediction)."""
+        positions = torch.arange(1, self.mask.shape[1] + 1, device=self.mask.device)  # (T-1,)
+        return ((positions * self.mask).amax(dim=1) + 1).clamp_min(2)
+
+    def trimmed(self) -> "TrainBatch":
+        """The same rows without the columns none of them needs (right padding: exact under causal attention)."""
+        width = int(self.widths.max())
+        return TrainBatch(self.ids[:, :width], self.mask[:, :width - 1], self.sampler_logprobs[:, :width - 1],
+                          self.advantages)
+
     def to(self, device: torch.device) -> "TrainBatch":
         return TrainBatch(self.ids.to(device), self.mask.to(device), self.sampler_logprobs.to(device),
                           self.advantages.to(device))

@@ -51,6 +51,9 @@ class RLConfig:
     clip_eps: float = opt(0.2, "PPO clip of the ratio to the log-probs at the start of the update")
     ppo_epochs: int = opt(1, "passes over each batch (> 1, or --mini-batches > 1, lets --clip-eps act)")
     mini_batches: int = opt(1, "optimizer steps per pass, each on a random share of the batch's rollouts")
+    micro_batch_size: int = opt(0, "rows per forward and backward of the update (0 = each optimizer step's rows "
+                                "at once): gradients accumulate to the same step in less memory; rows go by "
+                                "length, so short ones are not padded to the long tail's")
     kl_coef: float = opt(0.0, "k3 KL to the starting policy (0 = off: no reference copy is kept)")
     is_cap: float = opt(2.0, "truncation of the importance weights against the sampler's log-probs")
     max_staleness: int = opt(1, "async: the most policy versions a batch may lag (0 = on-policy lock-step)")
@@ -94,6 +97,8 @@ class RLConfig:
             raise BebopError("need --lr > 0, --mtp-lr > 0, 0 < --clip-eps < 1, is_cap >= 1 and --kl-coef >= 0")
         if self.rollout_threads < 0 or self.train_threads < 0:
             raise BebopError("--rollout-threads and --train-threads must be >= 0 (0 = torch's default)")
+        if self.micro_batch_size < 0:
+            raise BebopError(f"--micro-batch-size must be >= 0 (0 = the whole step at once), got {self.micro_batch_size}")
         if self.max_staleness < 0:
             raise BebopError(f"--max-staleness must be >= 0, got {self.max_staleness}")
         if self.mini_batches > self.batch_prompts * self.group_size:

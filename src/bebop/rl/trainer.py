@@ -16,6 +16,12 @@ Mini-batches split the batch's rows in a random order drawn from (seed, policy v
 resumed run reshuffles exactly as the uninterrupted one; advantages are computed over the whole
 batch first (groups stay whole for the baseline). Each mini-batch's loss is its token-level mean.
 
+Each optimizer step runs its forward and backward `micro_batch_size` rows at a time (0: all at once),
+rows sorted by length and each micro-batch cut to its own longest row, gradients accumulated with
+each micro-batch's token mean weighted by its share of the step's tokens: the same gradient as one
+padded forward, in memory bounded by the micro-batch (a real vocabulary's (B, T, V) logits need it),
+and without padding the short rows to the long tail's length.
+
 The optimizer holds the trunk only: `mtp.*` parameters are excluded (the head changes only
 through an online MTP strategy, with its own optimizer). With kl_coef > 0 a frozen copy of the
 starting weights (trunk only) serves as the KL reference; with 0 no copy is kept.
@@ -74,6 +80,25 @@ def mini_batch_rows(rows: int, mini_batches: int, generator: torch.Generator) ->
     return list(torch.randperm(rows, generator=generator).tensor_split(mini_batches))
 
 
+def micro_batch_rows(batch: TrainBatch, size: int) -> list[torch.Tensor]:
+    """The batch's rows in micro-batches of at most `size` (0: all in one), by width: the long tail's few long
+    rows share micro-batches, and the short ones are not padded to their length."""
+    rows = batch.ids.shape[0]
+    if size <= 0 or size >= rows:
+        return [torch.arange(rows, device=batch.ids.device)]
+    return list(torch.argsort(batch.widths, stable=True).split(size))
+
+
+@dataclass
+class Update:
+    """One optimizer step: the loss terms of each micro-batch, the pre-clip gradient norm, and the summed
+    entropy of the forward (over policy tokens)."""
+
+    outs: list[GRPOLossOutput]
+    grad_norm: float
+    entropy_sum: float
+
+
 class PolicyTrainer:
     def __init__(self, policy: Policy, cfg: RLConfig, *, reference: CausalLM | None = None,
                  policy_version: int = 0) -> None:
@@ -92,42 +117,67 @@ class PolicyTrainer:
         batch = to_train_batch(rollouts, self.policy.pad_id).to(model.device)
         model.train()
         if cfg.ppo_epochs == 1 and cfg.mini_batches == 1:  # one step: "old" is this forward, detached
-            logprobs, entropy = logprobs_of(model, batch, self.sampling, cfg.dtype)
-            outs = [self._update(batch, logprobs, logprobs.detach())]
+            updates = [self._update(batch, None)]
+            entropy_sum = updates[0].entropy_sum
         else:
-            with torch.no_grad():
-                old, entropy = logprobs_of(model, batch, self.sampling, cfg.dtype)  # (B, T-1) the anchor of every step
+            old, entropy_sum = self._anchor(batch)  # (B, T-1): the anchor of every step
             generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.policy_version)
-            outs = []
-            for _ in range(cfg.ppo_epochs):
-                for rows in mini_batch_rows(batch.ids.shape[0], cfg.mini_batches, generator):
-                    part = batch.rows(rows.to(model.device))
-                    outs.append(self._update(part, logprobs_of(model, part, self.sampling, cfg.dtype)[0], old[rows]))
+            updates = [self._update(batch.rows(rows.to(model.device)), old[rows])
+                       for _ in range(cfg.ppo_epochs)
+                       for rows in mini_batch_rows(batch.ids.shape[0], cfg.mini_batches, generator)]
         self.policy_version += 1
-        mask = batch.mask.float()
-        return _summarise(outs, ((entropy * mask).sum() / mask.sum().clamp_min(1)).item())
+        return _summarise(updates, entropy_sum / max(1, int(batch.mask.sum())))
 
-    def _update(self, batch: TrainBatch, logprobs: torch.Tensor, old: torch.Tensor) -> tuple[GRPOLossOutput, float]:
-        """One optimizer step on `batch` -> (loss terms, pre-clip gradient norm)."""
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = logprobs_of(self.reference, batch, self.sampling, self.cfg.dtype)[0]
-        inputs = GRPOLossInputs(logprobs, old, batch.sampler_logprobs, batch.advantages, batch.mask, ref)
-        out = grpo_loss(inputs, clip_eps=self.cfg.clip_eps, kl_coef=self.cfg.kl_coef, is_cap=self.cfg.is_cap)
+    def _logprobs(self, model: CausalLM, part: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return logprobs_of(model, part, self.sampling, self.cfg.dtype)
+
+    def _anchor(self, batch: TrainBatch) -> tuple[torch.Tensor, float]:
+        """The trainer's log-probs before the update (B, T-1), under no_grad, and their summed entropy."""
+        old = torch.zeros(batch.mask.shape, device=batch.ids.device)
+        entropy_sum = 0.0
+        with torch.no_grad():
+            for rows in micro_batch_rows(batch, self.cfg.micro_batch_size):
+                part = batch.rows(rows).trimmed()
+                logprobs, entropy = self._logprobs(self.policy.model, part)  # (b, w) each
+                old[rows, : logprobs.shape[1]] = logprobs
+                entropy_sum += float((entropy * part.mask).sum())
+        return old, entropy_sum
+
+    def _update(self, batch: TrainBatch, old: torch.Tensor | None) -> Update:
+        """One optimizer step on `batch`, a micro-batch at a time with gradients accumulated: each
+        micro-batch's token mean weighted by its share of the tokens, so the step's gradient is that of the
+        whole batch's token mean. `old` (B, T-1): the anchor log-probs, or None: this forward's, detached."""
+        total = max(1, int(batch.mask.sum()))
         self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
+        outs, entropy_sum = [], 0.0
+        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size):
+            part = batch.rows(rows).trimmed()
+            logprobs, entropy = self._logprobs(self.policy.model, part)  # (b, w) each
+            anchor = logprobs.detach() if old is None else old[rows][:, : logprobs.shape[1]]
+            out = grpo_loss(GRPOLossInputs(logprobs, anchor, part.sampler_logprobs, part.advantages, part.mask,
+                                           self._reference_logprobs(part)),
+                            clip_eps=self.cfg.clip_eps, kl_coef=self.cfg.kl_coef, is_cap=self.cfg.is_cap)
+            (out.loss * (out.num_tokens / total)).backward()
+            outs.append(out)
+            entropy_sum += float((entropy * part.mask).sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return out, float(grad_norm)
+        return Update(outs, float(grad_norm), entropy_sum)
+
+    def _reference_logprobs(self, part: TrainBatch) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return self._logprobs(self.reference, part)[0]
 
 
-def _summarise(outs: list[tuple[GRPOLossOutput, float]], train_entropy: float) -> TrainStats:
-    """Token-weighted means of the loss terms over an update's optimizer steps."""
-    tokens = sum(o.num_tokens for o, _ in outs) or 1
-    mean = lambda get: sum(get(o) * o.num_tokens for o, _ in outs) / tokens  # noqa: E731
+def _summarise(updates: list[Update], train_entropy: float) -> TrainStats:
+    """Token-weighted means of the loss terms over an update's optimizer steps and their micro-batches."""
+    outs = [o for u in updates for o in u.outs]
+    tokens = sum(o.num_tokens for o in outs) or 1
+    mean = lambda get: sum(get(o) * o.num_tokens for o in outs) / tokens  # noqa: E731
     return TrainStats(loss=mean(lambda o: o.loss.item()), pg_loss=mean(lambda o: o.pg_loss), kl=mean(lambda o: o.kl),
                       clip_frac=mean(lambda o: o.clip_frac), is_weight_mean=mean(lambda o: o.is_weight_mean),
                       is_truncated_frac=mean(lambda o: o.is_truncated_frac), train_entropy=train_entropy,
-                      grad_norm=sum(g for _, g in outs) / len(outs), optimizer_steps=len(outs))
+                      grad_norm=sum(u.grad_norm for u in updates) / len(updates), optimizer_steps=len(updates))
