@@ -38,8 +38,8 @@ def trained(headed, batch, **cfg):
 @pytest.mark.parametrize("update", [{}, {"ppo_epochs": 2, "mini_batches": 2}])
 def test_micro_batches_make_the_same_step_as_one_forward(headed, update):
     batch = long_tail_batch(load_policy(headed, device="cpu").codec.vocab_size)
-    whole, whole_stats = trained(headed, batch, **update)
-    for size in (1, 5):
+    whole, whole_stats = trained(headed, batch, micro_batch_size=0, **update)
+    for size in (1, 5, 8):
         micro, stats = trained(headed, batch, micro_batch_size=size, **update)
         moved = max((whole[n] - load_policy(headed, device="cpu").model.state_dict()[n]).abs().max().item()
                     for n in whole if not n.startswith("mtp."))
