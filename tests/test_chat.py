@@ -78,3 +78,39 @@ def test_errors_name_the_problem(chat_model, tiny_model_dir, tmp_path, capsys):
     prompts.write_text(json.dumps({"text": "x"}) + "\n")
     assert main(["generate", "--model", str(chat_model), "--prompts", str(prompts), "--max-new-tokens", "2"]) == 2
     assert "row 1 has no 'prompt' (or 'messages') key" in capsys.readouterr().err
+
+
+THINKING = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>"
+            "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}{% endif %}")
+
+
+def test_template_kwargs_reach_the_template_as_transformers_passes_them(tiny_model_dir, tmp_path, capsys):
+    """Qwen3's `enable_thinking` switch: --chat-template-kwargs '{"enable_thinking": false}'."""
+    from transformers import PreTrainedTokenizerFast
+
+    path = with_chat_template(tiny_model_dir, tmp_path / "m", THINKING)
+    off = load_policy(path, device="cpu", template_kwargs='{"enable_thinking": false}')
+    hf = PreTrainedTokenizerFast.from_pretrained(path)
+    for kwargs, policy in (({}, load_policy(path, device="cpu")), ({"enable_thinking": False}, off)):
+        expected = hf.apply_chat_template(CHATS[0], tokenize=False, add_generation_prompt=True, **kwargs)
+        assert policy.prompt_text(CHATS[0]) == expected
+    assert off.prompt_text(CHATS[0]).endswith("<assistant><think></think>")
+    rows = tmp_path / "p.jsonl"
+    rows.write_text(json.dumps({"messages": CHATS[0]}) + "\n")
+    assert main(["generate", "--model", str(path), "--prompts", str(rows), "--max-new-tokens", "2",
+                 "--chat-template-kwargs", '{"enable_thinking": false}']) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["prompt"].endswith("<think></think>")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{bad", "--chat-template-kwargs is not valid JSON"),
+    ("[1]", "--chat-template-kwargs must be a JSON object"),
+    ('{"messages": []}', "--chat-template-kwargs cannot set messages"),
+])
+def test_bad_template_kwargs_are_clear_errors(tiny_model_dir, text, message):
+    with pytest.raises(BebopError, match=message):
+        load_policy(tiny_model_dir, device="cpu", template_kwargs=text)
+    from bebop.rl.config import RLConfig
+
+    with pytest.raises(BebopError, match=message):
+        RLConfig(model="m", chat_template_kwargs=text)

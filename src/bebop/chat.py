@@ -90,16 +90,38 @@ def _environment() -> Any:
     return env
 
 
+RESERVED = frozenset({"messages", "add_generation_prompt", "raise_exception"})
+
+
+def parse_template_kwargs(text: str) -> dict:
+    """--chat-template-kwargs: a JSON object of extra template variables, e.g. {"enable_thinking": false}
+    (Qwen3's switch), passed as transformers passes apply_chat_template's extra keyword arguments."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BebopError(f"--chat-template-kwargs is not valid JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise BebopError(f"--chat-template-kwargs must be a JSON object, got {text!r}")
+    clash = sorted(RESERVED & set(value))
+    if clash:
+        raise BebopError(f"--chat-template-kwargs cannot set {', '.join(clash)}")
+    return value
+
+
 def render_chat(template: ChatTemplate, messages: list[dict], *, add_generation_prompt: bool = True,
-                what: str = "prompt") -> str:
+                what: str = "prompt", extra: dict | None = None) -> str:
     """The chat as text, ending with the assistant's generation prompt; a template that fails to
-    render is a BebopError naming its file and `what` (the prompt or the row)."""
+    render is a BebopError naming its file and `what` (the prompt or the row). `extra`: more template
+    variables (parse_template_kwargs); they override the special tokens of the same name."""
     from jinja2.exceptions import TemplateError
 
     check_messages(messages, what)
     try:
         compiled = _environment().from_string(template.source)
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=None,
-                               documents=None, **template.variables)  # tools, documents: defined, as transformers does
+        # tools, documents: defined (None), as transformers does
+        variables = {"tools": None, "documents": None, **template.variables, **(extra or {})}
+        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
     except TemplateError as exc:
         raise BebopError(f"the chat template in {template.where} failed to render {what}: {exc}") from None

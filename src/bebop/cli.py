@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from bebop import __version__
-from bebop.commands.flags import add_device_args, add_sampling_args, add_spec_args
+from bebop.commands.flags import add_chat_args, add_device_args, add_sampling_args, add_spec_args
 from bebop.errors import BebopError
 
 
@@ -27,6 +27,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-out", help="write the metrics here (else stderr): throughput, and with --spec "
                                          "the acceptance metrics")
     add_device_args(p)
+    add_chat_args(p)
     p.set_defaults(func=_run_generate)
 
 

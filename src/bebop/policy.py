@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from bebop.chat import ChatTemplate, load_chat_template, render_chat
+from bebop.chat import ChatTemplate, load_chat_template, parse_template_kwargs, render_chat
 from bebop.errors import BebopError
 from bebop.model.checkpoint import load_model
 from bebop.model.qwen3 import CausalLM
@@ -25,6 +25,7 @@ class Policy:
     codec: TextCodec
     chat: ChatTemplate | None = None  # the tokenizer's chat template, if the model ships one
     generation_stop_ids: tuple[int, ...] = ()  # generation_config.json's eos_token_id(s)
+    template_kwargs: dict = field(default_factory=dict)  # extra chat-template variables (--chat-template-kwargs)
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -38,10 +39,15 @@ class Policy:
         model's chat template (generation prompt added)."""
         if isinstance(prompt, str):
             return prompt
+        return self.render(prompt, what=what)
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, what: str = "prompt") -> str:
+        """Chat messages rendered with the model's template and the run's template_kwargs."""
         if self.chat is None:
             raise BebopError(f"{what} is a list of chat messages, but the model has no chat template "
                              f"(`chat_template` in tokenizer_config.json, or chat_template.jinja)")
-        return render_chat(self.chat, prompt, what=what)
+        return render_chat(self.chat, messages, add_generation_prompt=add_generation_prompt, what=what,
+                           extra=self.template_kwargs)
 
     @property
     def pad_id(self) -> int:
@@ -56,7 +62,10 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_policy(model_dir: str | os.PathLike, *, dtype: str = "float32", device: str = "auto") -> Policy:
+def load_policy(model_dir: str | os.PathLike, *, dtype: str = "float32", device: str = "auto",
+                template_kwargs: str = "") -> Policy:
+    """The model, tokenizer, chat template and stop tokens of a model directory; `template_kwargs`: extra
+    chat-template variables as JSON text (--chat-template-kwargs, bebop.chat.parse_template_kwargs)."""
     if dtype not in DTYPES:
         raise BebopError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
     model = load_model(model_dir, dtype=DTYPES[dtype], device=resolve_device(device))
@@ -65,7 +74,8 @@ def load_policy(model_dir: str | os.PathLike, *, dtype: str = "float32", device:
         raise BebopError(f"tokenizer has {codec.vocab_size} tokens but the model's vocab_size is "
                          f"{model.config.vocab_size} (vocab mismatch)")
     return Policy(model=model, codec=codec, chat=load_chat_template(model_dir),
-                  generation_stop_ids=generation_stop_ids(model_dir))
+                  generation_stop_ids=generation_stop_ids(model_dir),
+                  template_kwargs=parse_template_kwargs(template_kwargs))
 
 
 def generation_stop_ids(model_dir: str | os.PathLike) -> tuple[int, ...]:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from bebop.chat import parse_template_kwargs
 from bebop.embedded import init_model_dir
 from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
@@ -72,6 +73,8 @@ class SFTConfig:
                      "embedded default")
     dtype: str = opt("float32", "training precision: float32, or bfloat16 mixed precision (float32 weights "
                      "and AdamW state)", choices=TRAIN_DTYPES)
+    chat_template_kwargs: str = opt("", "extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' "
+                                    "turns Qwen3's thinking off")
     steps: int = opt(600, "optimizer steps (the command's default is per task: DEFAULT_STEPS)")
     batch_size: int = opt(32, "sequences per step")
     lr: float = opt(3e-3, "peak learning rate (linear warm-up, cosine decay)")
@@ -91,6 +94,7 @@ class SFTConfig:
             raise BebopError("need --lr > 0, --warmup >= 0 and --weight-decay >= 0")
         get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError
         check_train_dtype(self.dtype)
+        parse_template_kwargs(self.chat_template_kwargs)
         if self.model and self.model_overrides:
             raise BebopError("model_overrides shape a fresh embedded default; they cannot apply to --model")
 
@@ -155,7 +159,7 @@ def _start(out: Path, cfg: SFTConfig, resume: bool, device: str) -> tuple[Policy
     if resume:
         state = load_train_state(out)
         check_same_config(with_defaults(SFTConfig, state["config"]), asdict(cfg), out)
-        policy = load_policy(out, device=device)
+        policy = load_policy(out, device=device, template_kwargs=cfg.chat_template_kwargs)
         if state.get("masters"):  # the model directory holds the weights rounded to its dtype
             restore_master_weights(policy.model, state["masters"])
         return policy, _task(policy, cfg), state
@@ -163,7 +167,7 @@ def _start(out: Path, cfg: SFTConfig, resume: bool, device: str) -> tuple[Policy
         raise BebopError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(cfg.model) if cfg.model else init_model_dir(tmp, seed=cfg.seed, **dict(cfg.model_overrides))
-        policy = load_policy(source, device=device)
+        policy = load_policy(source, device=device, template_kwargs=cfg.chat_template_kwargs)
         task = _task(policy, cfg)
         save_model(policy.model, out)
         copy_tokenizer_files(source, out)

@@ -10,6 +10,7 @@ import sys
 import torch
 from tqdm import tqdm
 
+from bebop.commands.flags import add_chat_args
 from bebop.errors import BebopError
 from bebop.policy import load_policy
 from bebop.rollout import run_episodes, summarize
@@ -31,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction, add_device_args) -> None:
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--difficulty", type=int, default=1)
     add_device_args(p)
+    add_chat_args(p)
     p.set_defaults(func=run)
 
 
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
         raise BebopError("--task or --data required")
     if args.reward and not args.data:
         raise BebopError("--reward scores rows of --data; the generated tasks score themselves")
-    policy = load_policy(args.model, dtype=args.dtype, device=args.device)
+    policy = load_policy(args.model, dtype=args.dtype, device=args.device, template_kwargs=args.chat_template_kwargs)
     task = run_task(policy, task=args.task, difficulty=args.difficulty, data=args.data or "", reward=args.reward)
     n = min(args.n, len(task.rows)) if isinstance(task, DatasetTask) else args.n
     problems = task.problems("test", n, args.seed)

@@ -19,6 +19,12 @@ def add_spec_args(p: argparse.ArgumentParser, spec: str = "off", k: int | str = 
     p.add_argument("--max-k", type=int, default=6, help="with --k auto: the most drafts a step may verify (1..8)")
 
 
+def add_chat_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat-template-kwargs", default="",
+                   help="extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' turns Qwen3's "
+                        "thinking off")
+
+
 def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")

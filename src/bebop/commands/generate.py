@@ -100,7 +100,7 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
 
 def run_generate(args: argparse.Namespace) -> None:
     given = collect_prompts(args)
-    policy = load_policy(args.model, dtype=args.dtype, device=args.device)
+    policy = load_policy(args.model, dtype=args.dtype, device=args.device, template_kwargs=args.chat_template_kwargs)
     prompts = [policy.prompt_text(p, f"prompt {i}") for i, p in enumerate(given)]  # chats rendered
     rows, metrics = generate_rows(policy, prompts, args)
     if args.out:

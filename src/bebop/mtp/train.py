@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from bebop.chat import parse_template_kwargs
 from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.losses import DRAFT_LOSSES, DraftHiddenInputs, DraftLossInputs, DraftLossOutput, draft_loss_from_hidden
@@ -69,6 +70,8 @@ class MTPTrainConfig:
     seed: int = opt(0, "seeds the data and the order")
     task: str = opt("math", "task whose train prompts feed self-distillation (or --data FILE)")
     data: str = opt("", "your own prompts for self-distillation: a JSONL or parquet file (verl or TRL rows)")
+    chat_template_kwargs: str = opt("", "extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' "
+                                    "turns Qwen3's thinking off")
     num_samples: int = opt(512, "self-distillation samples from the policy")
     num_demos: int = opt(0, "task demonstrations mixed in")
     max_new_tokens: int = opt(192, "per self-distillation sample")
@@ -95,6 +98,7 @@ class MTPTrainConfig:
         if not self.temperature > 0:
             raise BebopError(f"--temperature must be > 0 for training targets, got {self.temperature}")
         check_train_dtype(self.dtype)
+        parse_template_kwargs(self.chat_template_kwargs)
 
 
 @dataclass
@@ -200,7 +204,8 @@ def _training_device(name: str) -> str:
 
 def _start(model_dir: Path, out: Path, cfg: MTPTrainConfig, resume: bool, device: str) -> tuple[Policy, dict | None]:
     """The policy on `device` (from `out` when resuming) and the state to resume, config checked."""
-    policy = load_policy(out if resume else model_dir, device=_training_device(device))
+    policy = load_policy(out if resume else model_dir, device=_training_device(device),
+                         template_kwargs=cfg.chat_template_kwargs)
     policy.model.require_mtp()
     state = load_train_state(out, STATE_FILE, map_location="cpu") if resume else None
     if state is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from bebop.chat import parse_template_kwargs
 from bebop.engine.speculative import check_spec_flags, parse_k
 from bebop.errors import BebopError
 from bebop.fields import opt, parse_switch
@@ -26,6 +27,8 @@ class RLConfig:
     data: str = opt("", "your own prompts: a JSONL or parquet file in verl's or TRL's layout, instead of --task")
     reward: str = opt("", "with --data: math, module:function or path/to/file.py:function, called as "
                       "fn(data_source, solution_str, ground_truth, extra_info) (default: by each row's data_source)")
+    chat_template_kwargs: str = opt("", "extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' "
+                                    "turns Qwen3's thinking off")
     eval_data: str = opt("", "held-out prompts (JSONL or parquet, as --data), scored every --eval-every steps")
     eval_every: int = opt(10, "steps between evaluations on --eval-data (and after the last step)")
     steps: int = opt(50, "policy updates (GRPO steps)")
@@ -87,6 +90,7 @@ class RLConfig:
         if self.reward and not (self.data or self.eval_data):
             raise BebopError("--reward scores rows of --data or --eval-data; the generated tasks score themselves")
         check_train_dtype(self.dtype)
+        parse_template_kwargs(self.chat_template_kwargs)
         for name in ("steps", "eval_every", "batch_prompts", "max_new_tokens", "save_every", "batch_size", "ppo_epochs",
                      "mini_batches"):
             if getattr(self, name) < 1:

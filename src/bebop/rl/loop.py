@@ -165,7 +165,7 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
         require_tensorboard()
     out = Path(out)
     ckpt = _prepare(out, cfg, resume)
-    policy = load_policy(ckpt.model_dir if ckpt else cfg.model, device=device)
+    policy = load_policy(ckpt.model_dir if ckpt else cfg.model, device=device, template_kwargs=cfg.chat_template_kwargs)
     _require_head(policy, cfg)
     task = run_task(policy, task=cfg.task, difficulty=cfg.difficulty, data=cfg.data, reward=cfg.reward)
     evaluator = Evaluator(load_dataset_task(cfg.eval_data, policy, reward=cfg.reward), cfg) if cfg.eval_data else None

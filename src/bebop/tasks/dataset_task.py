@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bebop.chat import render_chat
 from bebop.errors import BebopError
 from bebop.policy import Policy
 from bebop.rollout import encode_prompt
@@ -126,10 +125,9 @@ def completion_text(policy: Policy, row: DataRow, prompt_text: str, where: str) 
         raise BebopError(f"{where} has no completion ('completion', 'response', or a final assistant message)")
     if isinstance(completion, str):
         return completion
-    if not isinstance(row.prompt, list) or policy.chat is None:
-        raise BebopError(f"{where}: a completion given as messages needs a prompt given as messages and a model "
-                         f"with a chat template")
-    whole = render_chat(policy.chat, row.prompt + completion, add_generation_prompt=False, what=where)
+    if not isinstance(row.prompt, list):
+        raise BebopError(f"{where}: a completion given as messages needs a prompt given as messages")
+    whole = policy.render(row.prompt + completion, add_generation_prompt=False, what=where)
     if not whole.startswith(prompt_text):
         raise BebopError(f"{where}: the chat template renders the conversation so that it does not start with "
                          f"the rendered prompt; give the completion as text instead")
