@@ -41,13 +41,18 @@ def rl_args(own, out, *extra):
             "--no-progress", "--device", "cpu", *extra]
 
 
-def test_rl_on_your_own_data_with_speculative_rollouts(own, tmp_path, capsys):
+def test_rl_on_your_own_data_with_speculative_rollouts(own, tmp_path, capsys, monkeypatch):
+    import bebop.rl.evaluation as evaluation
+
+    engines, real = [], evaluation.run_episodes
+    monkeypatch.setattr(evaluation, "run_episodes", lambda *a, **kw: engines.append(kw["generate_fn"]) or real(*a, **kw))
     run = tmp_path / "run"
     assert main(rl_args(own, run, "--spec", "rs", "--k", "2", "--eval-data", str(own["eval"]), "--eval-every",
                         "1", "--dtype", "bfloat16")) == 0
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(0.0 <= m["eval_reward"] <= 1.0 and m["eval_pass_rate"] is not None for m in metrics)
+    assert len(engines) == 2 and all(fn.__qualname__.startswith("speculative_rollout_fn") for fn in engines)
     dumped = [json.loads(line) for line in (run / "rollouts" / "step-000001.jsonl").read_text().splitlines()]
     assert all(r["prompt"].startswith(PREAMBLE + "<|im_start|>user\n") for r in dumped)
     assert all(r["prompt"].endswith("+" + r["prompt"].split("+")[1].split("?")[0] + "?<|im_end|>\n"

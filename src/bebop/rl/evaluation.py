@@ -1,27 +1,31 @@
 """Held-out evaluation during RL: the policy's mean reward and pass rate on `--eval-data`.
 
-    evaluator = Evaluator(load_dataset_task(cfg.eval_data, policy, reward=cfg.reward), cfg)
+    evaluator = Evaluator(load_dataset_task(cfg.eval_data, policy, reward=cfg.reward), cfg, policy.codec)
     if evaluator.due(step):
         metrics.eval_reward, metrics.eval_pass_rate = evaluator.run(policy)
 
 Every row once per evaluation, sampled at the run's temperature with a generator seeded the same way
-each time, so two evaluations differ only by the policy.
+each time, so two evaluations differ only by the policy; with the rollouts' engine (--spec: drafting
+with the head, lossless), through a sampler of its own (its own --k auto controller: an async run's
+rollout thread keeps the other).
 """
 
 from __future__ import annotations
 
 import torch
 
-from bebop.engine import generate
 from bebop.policy import Policy
 from bebop.rl.config import RLConfig
+from bebop.rl.sampler import RolloutSampler
 from bebop.rollout import run_episodes, summarize
 from bebop.tasks.dataset_task import DatasetTask
+from bebop.tokenizer import TextCodec
 
 
 class Evaluator:
-    def __init__(self, task: DatasetTask, cfg: RLConfig) -> None:
+    def __init__(self, task: DatasetTask, cfg: RLConfig, codec: TextCodec) -> None:
         self.task, self.cfg = task, cfg
+        self.engine = RolloutSampler(task, codec, cfg)
         self.problems = task.problems("test", len(task.rows), cfg.seed)
 
     def due(self, step: int) -> bool:
@@ -36,7 +40,8 @@ class Evaluator:
         try:
             episodes = run_episodes(policy, self.task, self.problems, sampling=cfg.sampling,
                                     max_new_tokens=cfg.max_new_tokens, generator=generator,
-                                    batch_size=cfg.batch_size, generate_fn=generate)
+                                    batch_size=cfg.batch_size,
+                                    generate_fn=self.engine.generate_fn(model, len(self.problems), []))
         finally:
             model.train(was_training)
         summary = summarize(episodes)

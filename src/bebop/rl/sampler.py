@@ -49,6 +49,13 @@ class RolloutSampler:
         self.controller.suspended = self.drafting_suspended
         return self.controller
 
+    def generate_fn(self, model: CausalLM, rows: int, sink: list[SpecMetrics]):
+        """The engine the run's rollouts use: plain decoding, or drafting with the head (metrics to `sink`)."""
+        cfg = self.cfg
+        if cfg.spec == "off":
+            return generate
+        return speculative_rollout_fn(cfg.k, cfg.spec, sink, max_k=cfg.max_k, controller=self._controller(model, rows))
+
     def batch_seed(self, index: int) -> int:
         return self.cfg.seed * STREAM_STRIDE + index
 
@@ -69,8 +76,7 @@ class RolloutSampler:
         policy = Policy(model, self.codec)
         problems = self.problems(index)
         sink: list[SpecMetrics] = []
-        generate_fn = generate if cfg.spec == "off" else speculative_rollout_fn(
-            cfg.k, cfg.spec, sink, max_k=cfg.max_k, controller=self._controller(model, len(problems)))
+        generate_fn = self.generate_fn(model, len(problems), sink)
         generator = torch.Generator(device=model.device).manual_seed(self.batch_seed(index))
         was_training = model.training
         model.eval()
