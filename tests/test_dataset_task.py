@@ -105,6 +105,11 @@ def test_sft_completions_from_text_and_from_assistant_messages(tiny_model_dir, t
     by_row = {p.row: p for p in task.problems("train", 3, 0)}
     assert [task.demonstration(by_row[r], None) for r in (1, 2, 3)] == ["4", "hello", "hey"]  # eos: training adds it
     assert by_row[2].prompt == "[user]hi[assistant]"
+    qwen = load_dataset_task(write_rows(tmp_path / "q.jsonl", data[1:]), load_policy(
+        with_chat_template(tiny_model_dir, tmp_path / "q"), device="cpu"), need=COMPLETIONS)
+    # a turn ending that is not the eos token stays as the template writes it (training appends <eos>)
+    assert {qwen.demonstration(p, None) for p in qwen.problems("train", 2, 0)} == {"hello<|im_end|>\n",
+                                                                                 "hey<|im_end|>\n"}
     with pytest.raises(BebopError, match=r"sft.jsonl: row 1 has no completion \('completion', 'response', or a final "
                                          "assistant message\\)"):
         load_dataset_task(write_rows(tmp_path / "sft.jsonl", [{"prompt": "a"}]), policy, need=COMPLETIONS)

@@ -119,7 +119,7 @@ def _check_prompt(policy: Policy, text: str, where: str) -> None:
 def completion_text(policy: Policy, row: DataRow, prompt_text: str, where: str) -> str:
     """The row's demonstration as the model would write it after its prompt. Assistant messages are
     rendered with the chat template (the whole chat, minus the rendered prompt), ending before the
-    end-of-turn token, which training appends as the model's end-of-sequence token."""
+    end-of-sequence token if the template writes it (training appends it as a token)."""
     completion = row.completion
     if completion is None:
         raise BebopError(f"{where} has no completion ('completion', 'response', or a final assistant message)")
@@ -135,12 +135,12 @@ def completion_text(policy: Policy, row: DataRow, prompt_text: str, where: str) 
 
 
 def _strip_end_of_turn(text: str, policy: Policy) -> str:
-    text = text.rstrip()
-    for stop in policy.stop_ids:
-        token = policy.codec.decode([stop])
-        if token and text.endswith(token):
-            return text[: -len(token)]
-    return text
+    """The rendered completion without its final end-of-sequence token, which training appends as a token
+    (bebop.encoding.encode_example). Another end-of-turn text stays as the template wrote it: a base
+    Qwen3's turns end with <|im_end|> while its eos is <|endoftext|>, and it is trained on both."""
+    eos = policy.codec.decode([policy.codec.eos_id]) if policy.codec.eos_id is not None else ""
+    trimmed = text.rstrip()
+    return trimmed[: -len(eos)] if eos and trimmed.endswith(eos) else text
 
 
 def load_dataset_task(path: str | os.PathLike, policy: Policy, *, reward: str = "",
