@@ -89,21 +89,22 @@ def test_existing_out_and_bad_resume(tmp_path):
 
 
 def test_length_sorted_chunks_give_the_padded_batch_gradient(tmp_path):
-    """backward_step_loss over MICRO_BATCH chunks == the mean loss and gradient of one padded batch."""
+    """backward_step_loss over micro-batches == the mean loss and gradient of one padded batch."""
     import random
 
     import torch.nn.functional as F
 
     from bebop.embedded import init_model_dir
     from bebop.policy import load_policy
-    from bebop.sft import MICRO_BATCH, backward_step_loss, collate, sample_batch
+    from bebop.sft import backward_step_loss, collate, sample_batch
     from bebop.tasks import get_task
 
     init_model_dir(tmp_path / "m", seed=0, **dict(TINY))
     policy = load_policy(tmp_path / "m", device="cpu")
     task = get_task("math")
-    chunks = sample_batch(task, task.problems("train", 50, 0), random.Random(0), policy.codec, 10, policy.pad_id, 256)
-    assert sum(len(ids) for ids, _ in chunks) == 10 and all(len(ids) <= MICRO_BATCH for ids, _ in chunks)
+    chunks = sample_batch(task, task.problems("train", 50, 0), random.Random(0), policy.codec, 10, policy.pad_id, 256,
+                          micro=3)
+    assert [len(ids) for ids, _ in chunks] == [3, 3, 3, 1]
     widths = [ids.shape[1] for ids, _ in chunks]
     assert widths == sorted(widths) and max(widths) <= 256
     mean = backward_step_loss(policy, chunks)

@@ -8,7 +8,7 @@ Every step draws fresh problems from the train split and a fresh demonstration f
 demonstrations vary in order and phrasing, so the policy learns a distribution, not a script).
 The loss is next-token cross-entropy on the completion only: prompt tokens, padding and
 environment observations (`<obs> ... </obs>`, the agent task) are masked out. A step's batch is
-sorted by length and run MICRO_BATCH sequences at a time (gradients accumulated: the same
+sorted by length and run `micro_batch_size` sequences at a time (gradients accumulated: the same
 gradient as one padded batch), so the tasks' few long-tail examples do not pad the rest.
 Rows of a --data file are (prompt, completion) pairs (bebop.tasks.data_files); chat prompts and
 completions are rendered with the model's chat template. Everything is checked before OUT is written.
@@ -62,7 +62,6 @@ METRICS_FILE = "sft_metrics.jsonl"
 # steps per task so that the test pass rate at temperature 1 lands in 20-70% (docs/results/policies.md;
 # math measured on the 12-layer default, code and agent on the earlier 4-layer one)
 DEFAULT_STEPS = {"math": 600, "code": 450, "agent": 500, "mix": 650}
-MICRO_BATCH = 4  # sequences per forward pass; a step accumulates batch_size / MICRO_BATCH of them
 
 
 @dataclass(frozen=True)
@@ -84,10 +83,12 @@ class SFTConfig:
     difficulty: int = opt(1, "task difficulty 1 (easiest) .. 3")
     pool: int = opt(20000, "train problems drawn once; demonstrations are redrawn every step")
     save_every: int = opt(100, "steps between resumable saves")
+    micro_batch_size: int = opt(4, "sequences per forward and backward (gradients accumulated: the same step); "
+                                "each holds (rows, T, V) logits, so lower it for a real vocabulary")
     model_overrides: tuple = ()  # (("hidden_size", 64), ...) for tiny test models (no flag)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "pool", "save_every"):
+        for name in ("steps", "batch_size", "pool", "save_every", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise BebopError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not (self.lr > 0 and self.warmup >= 0 and self.weight_decay >= 0):
@@ -134,15 +135,15 @@ def backward_step_loss(policy: Policy, chunks: Sequence[tuple[torch.Tensor, torc
 
 
 def sample_batch(task: Task, pool: Sequence[Problem], rng: random.Random, codec: TextCodec, batch_size: int,
-                 pad_id: int, context: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A step's examples, sorted by length and collated MICRO_BATCH at a time: [(ids, labels) (b, T_i)].
+                 pad_id: int, context: int | None = None, micro: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A step's examples, sorted by length and collated `micro` at a time: [(ids, labels) (b, T_i)].
 
     Long-tail demonstrations are few; sorting keeps them from padding every short example to their
     length (one padded batch of 32 math examples is ~2.4x its real tokens)."""
     problems = [pool[rng.randrange(len(pool))] for _ in range(batch_size)]
     examples = [encode_example(codec, p.prompt, task.demonstration(p, rng), context) for p in problems]
     examples.sort(key=lambda example: len(example[0]))
-    return [collate(examples[i:i + MICRO_BATCH], pad_id) for i in range(0, len(examples), MICRO_BATCH)]
+    return [collate(examples[i:i + micro], pad_id) for i in range(0, len(examples), micro)]
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -202,7 +203,7 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
     t0 = time.perf_counter()
     for step in bar:
         chunks = sample_batch(task, pool, rng, policy.codec, cfg.batch_size, policy.pad_id,
-                              model.config.max_position_embeddings)
+                              model.config.max_position_embeddings, cfg.micro_batch_size)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
