@@ -145,3 +145,16 @@ def test_a_saved_model_keeps_its_dtype_and_resume_keeps_float32_masters(own, tmp
     train_sft(tmp_path / "part", cfg, resume=True, progress=False)
     history = [torch.load(tmp_path / run / "train_state.pt", weights_only=False)["history"] for run in ("full", "part")]
     assert history[0] == history[1]  # exact: the float32 masters, not the bfloat16 directory, were resumed
+
+
+def test_a_failing_reward_scores_zero_and_is_counted_never_a_crash(own, tmp_path, capsys):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def score(data_source, solution_str, ground_truth, extra_info):\n    return float('nan')\n")
+    run = tmp_path / "run"
+    args = rl_args(own, run, "--steps", "1")
+    args[args.index("--reward") + 1] = f"{broken}:score"
+    assert main(args) == 0
+    [metrics] = read_metrics(run)
+    assert (metrics["reward"], metrics["reward_errors"]) == (0.0, 4)  # 2 prompts x 2 samples
+    err = capsys.readouterr().err
+    assert err.count("bebop: reward error at") == 4 and "row " in err and "ValueError: the reward returned nan" in err

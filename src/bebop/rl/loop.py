@@ -129,7 +129,8 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
     spec = b.spec
     return StepMetrics(
         step=step, policy_version=b.policy_version, staleness=trainer_version - b.policy_version,
-        dropped=fetched.dropped, reward=sum(rewards) / len(rewards), pass_rate=b.pass_rate, entropy=b.entropy,
+        dropped=fetched.dropped, reward=sum(rewards) / len(rewards), pass_rate=b.pass_rate,
+        reward_errors=b.reward_errors, entropy=b.entropy,
         train_entropy=stats.train_entropy,
         mean_acceptance_length=spec.mean_acceptance_length if spec else 1.0,
         acceptance_rate=spec.acceptance_rate if spec else None,

@@ -20,6 +20,7 @@ class StepMetrics:
     dropped: int  # batches dropped as too stale before this one (async)
     reward: float
     pass_rate: float
+    reward_errors: int  # rewards that raised or returned no finite number: scored 0 (reported on stderr)
     entropy: float  # sampler entropy over policy tokens (nats)
     train_entropy: float  # trainer entropy at the same temperature
     mean_acceptance_length: float  # 1.0 without drafting (one token per target forward)

@@ -40,6 +40,7 @@ class RolloutBatch:
     spec: SpecMetrics | None  # acceptance metrics when drafting, else None
     pass_rate: float
     entropy: float  # mean sampler entropy over policy tokens (nats)
+    reward_errors: int = 0  # rewards that raised or returned no finite number (scored 0; --data rows)
 
     @property
     def rewards(self) -> list[float]:

@@ -80,6 +80,7 @@ class RolloutSampler:
         generator = torch.Generator(device=model.device).manual_seed(self.batch_seed(index))
         was_training = model.training
         model.eval()
+        errors_before = self.reward_errors
         t0 = time.perf_counter()
         episodes = run_episodes(policy, self.task, problems, sampling=cfg.sampling,
                                 max_new_tokens=cfg.max_new_tokens, generator=generator, batch_size=cfg.batch_size,
@@ -92,4 +93,10 @@ class RolloutSampler:
                             target_forwards=ep.generation.forwards) for ep in episodes]
         summary = summarize(episodes)
         return RolloutBatch(rollouts, cfg.group_size, policy_version, index, rollout_s,
-                            merged(sink, cfg.draft_depths) if sink else None, summary["pass_rate"], summary["mean_entropy"])
+                            merged(sink, cfg.draft_depths) if sink else None, summary["pass_rate"], summary["mean_entropy"],
+                            reward_errors=self.reward_errors - errors_before)
+
+    @property
+    def reward_errors(self) -> int:
+        """Reward calls of this sampler's task that failed so far (a dataset's; generated tasks never fail)."""
+        return self.task.reward_errors if isinstance(self.task, DatasetTask) else 0
