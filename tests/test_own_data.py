@@ -105,17 +105,23 @@ def test_sft_on_your_own_data_from_a_model_directory(own, tmp_path, capsys):
     data = write_rows(tmp_path / "sft.jsonl", [{"prompt": user(f"{i}+1?"), "completion": str(i + 1)}
                                                for i in range(6)])
     out = tmp_path / "sft"
+    held_out = write_rows(tmp_path / "held.jsonl", [{"prompt": user("9+1?"), "completion": "10"}])
     args = ["sft", "--out", str(out), "--model", str(source), "--data", str(data), "--steps", "4", "--batch-size",
-            "4", "--lr", "1e-3", "--warmup", "1", "--save-every", "2", "--device", "cpu", "--dtype", "bfloat16"]
+            "4", "--lr", "1e-3", "--warmup", "1", "--save-every", "2", "--device", "cpu", "--dtype", "bfloat16",
+            "--eval-data", str(held_out), "--eval-every", "2"]
     assert main(args) == 0
     logged = [json.loads(line) for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged] == [1, 2, 3, 4] and all(row["loss"] > 0 for row in logged)
+    assert ["eval_loss" in row for row in logged] == [False, True, False, True] and logged[1]["eval_loss"] > 0
     trained, start = load_model(out).state_dict(), load_model(source).state_dict()
     assert any(not torch.equal(trained[name], start[name]) for name in start if not name.startswith("mtp."))
     assert all(torch.equal(trained[name], start[name]) for name in start if name.startswith("mtp."))  # head kept
     assert (out / "tokenizer_config.json").read_text() == (source / "tokenizer_config.json").read_text()
     assert main(["sft", "--out", str(tmp_path / "x"), "--model", str(source), "--data", str(tmp_path / "no.jsonl")]) == 2
     assert "dataset file not found" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["sft", "--out", str(tmp_path / "x"), "--model", str(source), "--data", str(data), "--eval-data",
+                 str(data.with_suffix(".csv"))]) == 2
+    assert "unknown dataset format '.csv'" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
 def test_a_saved_model_keeps_its_dtype_and_resume_keeps_float32_masters(own, tmp_path, monkeypatch):

@@ -96,7 +96,7 @@ def test_length_sorted_chunks_give_the_padded_batch_gradient(tmp_path):
 
     from bebop.embedded import init_model_dir
     from bebop.policy import load_policy
-    from bebop.sft import backward_step_loss, collate, sample_batch
+    from bebop.sft import backward_step_loss, collate, held_out_loss, sample_batch
     from bebop.tasks import get_task
 
     init_model_dir(tmp_path / "m", seed=0, **dict(TINY))
@@ -108,6 +108,7 @@ def test_length_sorted_chunks_give_the_padded_batch_gradient(tmp_path):
     widths = [ids.shape[1] for ids, _ in chunks]
     assert widths == sorted(widths) and max(widths) <= 256
     mean = backward_step_loss(policy, chunks)
+    assert held_out_loss(policy, chunks, "float32") == pytest.approx(mean, rel=1e-6)  # the same mean, no gradient
     grads = [p.grad.clone() for p in policy.model.parameters()]
     policy.model.zero_grad(set_to_none=True)
     examples = [(ids[b][ids[b] != policy.pad_id].tolist(), labels[b][: int((ids[b] != policy.pad_id).sum())].tolist())

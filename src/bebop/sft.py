@@ -44,7 +44,7 @@ from bebop.model.checkpoint import release_dtype, save_model
 from bebop.policy import Policy, load_policy
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
 from bebop.tasks import Problem, Task, get_task
-from bebop.tasks.dataset_task import COMPLETIONS, run_task
+from bebop.tasks.dataset_task import COMPLETIONS, DatasetTask, load_dataset_task, run_task
 from bebop.tokenizer import TextCodec, copy_tokenizer_files
 from bebop.train_state import (
     check_same_config,
@@ -83,12 +83,15 @@ class SFTConfig:
     difficulty: int = opt(1, "task difficulty 1 (easiest) .. 3")
     pool: int = opt(20000, "train problems drawn once; demonstrations are redrawn every step")
     save_every: int = opt(100, "steps between resumable saves")
+    eval_data: str = opt("", "held-out (prompt, completion) rows (JSONL or parquet, as --data): their mean token "
+                         "loss, eval_loss, every --eval-every steps and after the last")
+    eval_every: int = opt(100, "steps between evaluations on --eval-data")
     micro_batch_size: int = opt(4, "sequences per forward and backward (gradients accumulated: the same step); "
                                 "each holds (rows, T, V) logits, so lower it for a real vocabulary")
     model_overrides: tuple = ()  # (("hidden_size", 64), ...) for tiny test models (no flag)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "pool", "save_every", "micro_batch_size"):
+        for name in ("steps", "batch_size", "pool", "save_every", "micro_batch_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise BebopError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not (self.lr > 0 and self.warmup >= 0 and self.weight_decay >= 0):
@@ -141,9 +144,31 @@ def sample_batch(task: Task, pool: Sequence[Problem], rng: random.Random, codec:
     Long-tail demonstrations are few; sorting keeps them from padding every short example to their
     length (one padded batch of 32 math examples is ~2.4x its real tokens)."""
     problems = [pool[rng.randrange(len(pool))] for _ in range(batch_size)]
-    examples = [encode_example(codec, p.prompt, task.demonstration(p, rng), context) for p in problems]
-    examples.sort(key=lambda example: len(example[0]))
+    return collate_by_length([encode_example(codec, p.prompt, task.demonstration(p, rng), context) for p in problems],
+                             pad_id, micro)
+
+
+def collate_by_length(examples: list[tuple[list[int], list[int]]], pad_id: int,
+                      micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Examples sorted by length and collated `micro` at a time: [(ids, labels) (b, T_i)]."""
+    examples = sorted(examples, key=lambda example: len(example[0]))
     return [collate(examples[i:i + micro], pad_id) for i in range(0, len(examples), micro)]
+
+
+def held_out_chunks(task: DatasetTask, policy: Policy, cfg: SFTConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every row of a held-out file once, as (ids, labels) micro-batches."""
+    context = policy.model.config.max_position_embeddings
+    rng = random.Random(cfg.seed)  # unused by a file's demonstrations (its completions)
+    return collate_by_length([encode_example(policy.codec, p.prompt, task.demonstration(p, rng), context)
+                              for p in task.problems("test", len(task.rows), cfg.seed)], policy.pad_id,
+                             cfg.micro_batch_size)
+
+
+def held_out_loss(policy: Policy, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]], dtype: str) -> float:
+    """The mean next-token cross-entropy over every trained token of `chunks`, without gradients."""
+    n_tokens = max(1, sum(int((labels[:, 1:] != IGNORE).sum()) for _, labels in chunks))
+    with torch.no_grad():
+        return sum(token_loss_sum(policy, ids, labels, dtype).item() for ids, labels in chunks) / n_tokens
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -154,29 +179,33 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
-def _start(out: Path, cfg: SFTConfig, resume: bool, device: str) -> tuple[Policy, Task, dict | None]:
-    """The policy, its task and the state to resume (None for a new run). A new run's inputs are all
-    checked (model, data rows, chat template) before OUT is written."""
+Tasks = tuple[Task, DatasetTask | None]  # (training task, held-out file)
+
+
+def _start(out: Path, cfg: SFTConfig, resume: bool, device: str) -> tuple[Policy, Tasks, dict | None]:
+    """The policy, its tasks and the state to resume (None for a new run). A new run's inputs are all
+    checked (model, data rows, chat template, held-out rows) before OUT is written."""
     if resume:
         state = load_train_state(out)
         check_same_config(with_defaults(SFTConfig, state["config"]), asdict(cfg), out)
         policy = load_policy(out, device=device, template_kwargs=cfg.chat_template_kwargs)
         if state.get("masters"):  # the model directory holds the weights rounded to its dtype
             restore_master_weights(policy.model, state["masters"])
-        return policy, _task(policy, cfg), state
+        return policy, _tasks(policy, cfg), state
     if (out / "config.json").exists():
         raise BebopError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(cfg.model) if cfg.model else init_model_dir(tmp, seed=cfg.seed, **dict(cfg.model_overrides))
         policy = load_policy(source, device=device, template_kwargs=cfg.chat_template_kwargs)
-        task = _task(policy, cfg)
+        tasks = _tasks(policy, cfg)
         save_model(policy.model, out)
         copy_tokenizer_files(source, out)
-    return policy, task, None
+    return policy, tasks, None
 
 
-def _task(policy: Policy, cfg: SFTConfig) -> Task:
-    return run_task(policy, task=cfg.task, difficulty=cfg.difficulty, data=cfg.data, need=COMPLETIONS)
+def _tasks(policy: Policy, cfg: SFTConfig) -> Tasks:
+    held_out = load_dataset_task(cfg.eval_data, policy, need=COMPLETIONS) if cfg.eval_data else None
+    return run_task(policy, task=cfg.task, difficulty=cfg.difficulty, data=cfg.data, need=COMPLETIONS), held_out
 
 
 def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress: bool = True,
@@ -186,7 +215,8 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
     out = Path(out)
     if tensorboard:
         require_tensorboard()  # before anything is written
-    policy, task, state = _start(out, cfg, resume, device)
+    policy, (task, held_out_task), state = _start(out, cfg, resume, device)
+    held_out = held_out_chunks(held_out_task, policy, cfg) if held_out_task is not None else None
     model = policy.model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     pool = task.problems("train", cfg.pool, cfg.seed)
@@ -211,7 +241,10 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         history.append(round(loss, 4))
-        log.write({"step": step + 1, "loss": history[-1], "lr": lr_at(step, cfg)})
+        record = {"step": step + 1, "loss": history[-1], "lr": lr_at(step, cfg)}
+        if held_out is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+            record["eval_loss"] = round(held_out_loss(policy, held_out, cfg.dtype), 4)
+        log.write(record)
         bar.set_postfix(loss=f"{history[-1]:.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_model(model, out)
