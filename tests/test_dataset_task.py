@@ -124,3 +124,5 @@ def test_two_files_of_one_name_never_share_a_self_distillation_cache(chat_policy
     b = load_dataset_task(write_rows(tmp_path / "b" / "train.jsonl", rows(3)), chat_policy, need=PROMPTS)
     paths = {_cache_path(tmp_path, task, 4, 1.0, 0, 8) for task in (a, b, a)}
     assert len(paths) == 2 and all(p.name.startswith("train.jsonl-") for p in paths)
+    # loaded for its prompts, a file needs no scorer for its data_source ('mine' has none): nothing is scored
+    assert [a.score(p, "2") for p in a.problems("train", 2, 0)] == [0.0, 0.0] and a.reward_errors == 0

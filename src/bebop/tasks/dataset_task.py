@@ -36,8 +36,10 @@ MAX_REPORTED_ERRORS = 10  # reward errors printed per run; later ones are counte
 class DatasetTask:
     """Rows of a dataset file with their prompts as the policy reads them (see the module doc)."""
 
-    def __init__(self, path: str | os.PathLike, rows: list[DataRow], prompts: list[str], *, reward: str = "",
+    def __init__(self, path: str | os.PathLike, rows: list[DataRow], prompts: list[str], *, reward: str | None = "",
                  completions: list[str] | None = None) -> None:
+        """reward: a --reward spec ("" = by data_source), or None: loaded for its prompts or completions only,
+        nothing is scored (self-distillation's samples score 0)."""
         self.path, self.rows, self.prompts, self.reward_spec = str(path), rows, prompts, reward
         self.completions = completions
         self.name = Path(path).name
@@ -50,10 +52,13 @@ class DatasetTask:
     def __getstate__(self) -> dict:
         """A task travels to Ray workers without its imported functions, a reward file's path made absolute
         (a worker need not share the driver's directory)."""
-        return {**self.__dict__, "_rewards": None, "_order": None, "reward_spec": absolute_spec(self.reward_spec)}
+        spec = None if self.reward_spec is None else absolute_spec(self.reward_spec)
+        return {**self.__dict__, "_rewards": None, "_order": None, "reward_spec": spec}
 
     @property
     def rewards(self) -> list[RewardFn]:
+        if self.reward_spec is None:
+            raise BebopError(f"{self.path} was loaded without a reward")
         if self._rewards is None:
             self._rewards = row_rewards(self.rows, self.reward_spec, self.path)
         return self._rewards
@@ -94,6 +99,8 @@ class DatasetTask:
 
     def score(self, problem: Problem, completion: str) -> float:
         i = self._row_index(problem)
+        if self.reward_spec is None:
+            return 0.0
         result = score_row(self.rewards[i], self.rows[i], completion)
         if result.error is not None:
             self._report(self.rows[i], result.error)
@@ -155,10 +162,11 @@ def load_dataset_task(path: str | os.PathLike, policy: Policy, *, reward: str = 
     if need == COMPLETIONS:
         completions = [completion_text(policy, row, text, f"{path}: row {row.number}")
                        for row, text in zip(rows, prompts)]
-        return DatasetTask(path, rows, prompts, completions=completions)
+        return DatasetTask(path, rows, prompts, reward=None, completions=completions)
+    if need == PROMPTS:
+        return DatasetTask(path, rows, prompts, reward=None)
     task = DatasetTask(path, rows, prompts, reward=reward)
-    if need == REWARDS:
-        task.rewards  # noqa: B018 -- every row has a scorer and what it needs, before any rollout
+    task.rewards  # noqa: B018 -- every row has a scorer and what it needs, before any rollout
     return task
 
 
