@@ -231,3 +231,21 @@ def test_worker_death_and_a_crashed_run_lose_no_batch_and_count_none_twice(heade
     # any other batch is sampled once, or again only when the resumed run starts before it
     again = [i for i in range(steps) if i not in (kill_index, crash_index) and len(by_index[i]) > 1]
     assert all(i >= crashed_at for i in again) and all(len(by_index[i]) <= 2 for i in range(steps))
+
+
+def test_your_own_data_and_reward_file_on_ray_workers(headed, tmp_path, monkeypatch, ray_session):
+    """A --data run with a reward file given by a relative path: the task travels to the worker without
+    the imported function and re-imports it there by its absolute path (the worker runs elsewhere)."""
+    from data_helpers import verl_row, with_chat_template, write_rows
+
+    model = with_chat_template(headed, tmp_path / "model")
+    (tmp_path / "reward.py").write_text("def two_digits(source, text, truth, extra):\n"
+                                        "    return float(sum(c.isdigit() for c in text) >= 2)\n")
+    data = write_rows(tmp_path / "d.jsonl", [verl_row(f"{i}+{i}?", str(2 * i), source="mine") for i in range(4)])
+    monkeypatch.chdir(tmp_path)
+    cfg = rl_cfg(model, task="math", data=str(data), reward="reward.py:two_digits", mode="async", spec="rs", k=2,
+                 steps=3, max_new_tokens=24)
+    train_rl(tmp_path / "run", cfg, progress=False, backend=Backend("ray", rollout_workers=1))
+    metrics = read_metrics(tmp_path / "run")
+    assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["reward_errors"] == 0 for m in metrics)
+    assert any(m["reward"] > 0 for m in metrics)  # the worker scored with the user's function
