@@ -116,11 +116,11 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tup
 
 def token_loss_sum(policy: Policy, ids: torch.Tensor, labels: torch.Tensor, dtype: str = "float32") -> torch.Tensor:
     """Summed cross-entropy of predicting labels[:, t+1] from ids[:, :t+1] (IGNORE labels skipped); the
-    forward in the training precision `dtype`, the cross-entropy in float32."""
+    forward in the training precision `dtype`, the cross-entropy on model.logits' float32."""
     model = policy.model
     with train_autocast(model.device, dtype):
-        logits = model.logits(model(ids.to(model.device)))  # (B, T, V)
-    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten().to(model.device),
+        logits = model.logits(model(ids.to(model.device)))  # (B, T, V) float32
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten().to(model.device),
                            ignore_index=IGNORE, reduction="sum")
 
 

@@ -30,6 +30,7 @@ starting weights (trunk only) serves as the KL reference; with 0 no copy is kept
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -69,10 +70,10 @@ def frozen_reference(model: CausalLM) -> CausalLM:
 def logprobs_of(model: CausalLM, batch: TrainBatch, sampling: SamplingParams,
                 dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
     """-> (log-probs (B, T-1) of ids[:, 1:], entropy (B, T-1)) under the sampler's warping; the forward
-    runs in the training precision `dtype` (bebop.precision), the log-softmax in float32."""
+    runs in the training precision `dtype` (bebop.precision), the log-softmax on model.logits' float32."""
     with train_autocast(model.device, dtype):
-        logits = model.logits(model(batch.ids))  # (B, T, V)
-    return token_logprobs(logits[:, :-1].float(), batch.ids[:, 1:], sampling)
+        logits = model.logits(model(batch.ids))  # (B, T, V) float32
+    return token_logprobs(logits[:, :-1], batch.ids[:, 1:], sampling)
 
 
 def mini_batch_rows(rows: int, mini_batches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -131,14 +132,18 @@ class PolicyTrainer:
     def _logprobs(self, model: CausalLM, part: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return logprobs_of(model, part, self.sampling, self.cfg.dtype)
 
+    def _micro_forwards(self, batch: TrainBatch) -> Iterator[tuple[torch.Tensor, TrainBatch, torch.Tensor, torch.Tensor]]:
+        """Each micro-batch of `batch`: its rows, those rows trimmed, and their log-probs and entropy (b, w)."""
+        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size):
+            part = batch.rows(rows).trimmed()
+            yield (rows, part, *self._logprobs(self.policy.model, part))
+
     def _anchor(self, batch: TrainBatch) -> tuple[torch.Tensor, float]:
         """The trainer's log-probs before the update (B, T-1), under no_grad, and their summed entropy."""
         old = torch.zeros(batch.mask.shape, device=batch.ids.device)
         entropy_sum = 0.0
         with torch.no_grad():
-            for rows in micro_batch_rows(batch, self.cfg.micro_batch_size):
-                part = batch.rows(rows).trimmed()
-                logprobs, entropy = self._logprobs(self.policy.model, part)  # (b, w) each
+            for rows, part, logprobs, entropy in self._micro_forwards(batch):
                 old[rows, : logprobs.shape[1]] = logprobs
                 entropy_sum += float((entropy * part.mask).sum())
         return old, entropy_sum
@@ -150,9 +155,7 @@ class PolicyTrainer:
         total = max(1, int(batch.mask.sum()))
         self.optimizer.zero_grad(set_to_none=True)
         outs, entropy_sum = [], 0.0
-        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size):
-            part = batch.rows(rows).trimmed()
-            logprobs, entropy = self._logprobs(self.policy.model, part)  # (b, w) each
+        for rows, part, logprobs, entropy in self._micro_forwards(batch):
             anchor = logprobs.detach() if old is None else old[rows][:, : logprobs.shape[1]]
             out = grpo_loss(GRPOLossInputs(logprobs, anchor, part.sampler_logprobs, part.advantages, part.mask,
                                            self._reference_logprobs(part)),

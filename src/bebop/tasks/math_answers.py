@@ -67,9 +67,14 @@ def score_math(ground_truth: str, completion: str, timeout_s: float = VERIFY_TIM
     return 1.0 if run_with_deadline(lambda: verify_answer(ground_truth, completion), timeout_s) else 0.0
 
 
+def checkable_truth(value: Any) -> bool:
+    """A ground truth the math reward can check: text or a number (not a bool, a list or None)."""
+    return not isinstance(value, bool) and isinstance(value, (str, int, float))
+
+
 def math_verify_reward(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None) -> float:
     """The built-in `math` reward, with verl's custom-reward signature."""
-    if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
+    if not checkable_truth(ground_truth):
         raise BebopError(f"the math reward needs a ground truth that is text or a number, got {ground_truth!r}")
     return score_math(str(ground_truth), solution_str)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from bebop.errors import BebopError
 from bebop.tasks.data_files import DataRow
-from bebop.tasks.math_answers import math_verify_reward
+from bebop.tasks.math_answers import checkable_truth, math_verify_reward
 
 RewardFn = Callable[[str, str, Any, Any], Any]
 BUILTIN_REWARDS: dict[str, RewardFn] = {"math": math_verify_reward}
@@ -91,8 +91,7 @@ def default_reward(data_source: str) -> RewardFn | None:
 
 
 def _needs_ground_truth(row: DataRow, fn: RewardFn, path: Any) -> None:
-    truth = row.ground_truth
-    if fn is math_verify_reward and (isinstance(truth, bool) or not isinstance(truth, (str, int, float))):
+    if fn is math_verify_reward and not checkable_truth(row.ground_truth):
         raise BebopError(f"{path}: row {row.number} has no ground truth the math reward can check (a text or "
                          f"number in 'reward_model.ground_truth', 'ground_truth', 'solution' or 'answer')")
 
