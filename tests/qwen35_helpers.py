@@ -59,3 +59,30 @@ def make_hf_qwen35(seed: int = 0, std: float = 0.3, moe: bool = False, **overrid
             else:
                 p.normal_(0.0, std)
     return model
+
+
+KEPT_IN_FLOAT32 = ("linear_attn.A_log", "linear_attn.norm.weight")  # as published Qwen3.5 files store them
+
+
+def save_hf_multimodal(path, seed: int = 0, max_shard_size: str = "60KB"):
+    """A Qwen3_5ForConditionalGeneration laid out as published checkpoints are, saved by transformers:
+    a tiny vision tower beside the text model (model.visual.*, model.language_model.*), bfloat16 with
+    A_log and the gated norms' weights in float32, sharded, config `dtype` at the outer level only."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = make_hf_qwen35(seed=seed)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                  num_position_embeddings=16)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text.config.to_dict(), vision_config=vision))
+    with torch.no_grad():
+        model.model.language_model.load_state_dict(text.model.state_dict())
+        model.lm_head.weight.copy_(text.lm_head.weight)
+        for p in model.model.visual.parameters():
+            p.normal_(0.0, 0.3)
+    model = model.eval().to(torch.bfloat16)
+    for name, p in model.named_parameters():
+        if name.endswith(KEPT_IN_FLOAT32):
+            p.data = p.data.float()
+    model.save_pretrained(path, max_shard_size=max_shard_size)
+    return model

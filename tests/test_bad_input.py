@@ -137,7 +137,7 @@ def test_interrupted_save_keeps_the_old_checkpoint(tiny_model_dir, tmp_path, mon
             fh.write(b"half a file")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("bebop.model.checkpoint.save_file", crash)
+    monkeypatch.setattr("bebop.model.weight_files.save_file", crash)
     with pytest.raises(KeyboardInterrupt):
         save_model(model, path)
     assert (path / "model.safetensors").read_bytes() == before

@@ -1,125 +1,74 @@
-"""Checkpoint I/O for Hugging Face model directories.
+"""Checkpoint I/O for Hugging Face model directories: a model's tensors under the family's names.
 
 A directory holds `config.json` and either `model.safetensors` or shards listed by
-`model.safetensors.index.json`. Every file is written atomically (temp file + rename); the index
-is written last, so an interrupted save never leaves an index pointing at half-written shards.
+`model.safetensors.index.json` (bebop.model.weight_files: read, and replaced as one step).
 `mtp.*` tensors (the MTP draft head) live in the same files (Hugging Face's `from_pretrained`
 silently drops them, so bebop reads and writes them itself); `mtp_num_hidden_layers` in
 config.json says how many MTP layers there are (inferred from the tensors when absent).
+
+A save keeps what it does not change (`StoredLayout`, recorded by load_model): every tensor is written
+in the dtype it was stored in (a new one, such as a fresh head, in the dtype config.json declares),
+tensors bebop does not model (a multimodal checkpoint's vision tower) are carried through byte for
+byte, the config keeps its keys, and the sharding is kept.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from bebop.errors import BebopError
-from bebop.fileio import atomic_write, atomic_write_json
 from bebop.model.config import ModelConfig, read_config, write_config
 from bebop.model.mtp import MTP_PREFIX
 from bebop.model.qwen3 import CausalLM
+from bebop.model.weight_files import StoredLayout, largest_shard, read_state_dict, write_weights
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 LANGUAGE_PREFIX = "model.language_model."  # a multimodal Qwen3.5 checkpoint's text model
-VISION_PREFIX = "model.visual."  # its vision tower: not loaded (bebop runs the text model)
+VISION_PREFIX = "model.visual."  # its vision tower: not run (bebop runs the text model), carried through saves
+__all__ = ["load_model", "read_state_dict", "release_dtype", "save_model"]
 
 
-def text_model_names(found: dict[str, torch.Tensor], model_dir: Path) -> dict[str, torch.Tensor]:
-    """A multimodal checkpoint's tensors under the text model's own names (model.language_model.X ->
-    model.X; lm_head and mtp.* stay), the vision tower left out with a note."""
-    vision = [name for name in found if name.startswith(VISION_PREFIX)]
+def file_name(name: str, cfg: ModelConfig) -> str:
+    """A text model's tensor name as the files store it: model.X -> model.language_model.X when the
+    checkpoint is a multimodal wrapper (lm_head and mtp.* stay)."""
+    return LANGUAGE_PREFIX + name.removeprefix("model.") if cfg.outer and name.startswith("model.") else name
+
+
+def text_model_names(found: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The inverse of file_name over a file's tensors (names outside the text model are left out)."""
+    if not cfg.outer:
+        return dict(found)
+    out = {}
+    for name, tensor in found.items():
+        if name.startswith(LANGUAGE_PREFIX):
+            out["model." + name.removeprefix(LANGUAGE_PREFIX)] = tensor
+        elif not name.startswith("model."):
+            out[name] = tensor
+    return out
+
+
+def _carried(raw: dict[str, torch.Tensor], used: set[str], model_dir: Path) -> dict[str, torch.Tensor]:
+    """The file's tensors the model does not use, to write back unchanged; unknown mtp.* ones are dropped
+    (the head is bebop's to write: a stale layer beside a new head would be read as part of it)."""
+    unused = {name: t for name, t in raw.items() if name not in used}
+    stale = sorted(name for name in unused if name.startswith(MTP_PREFIX))
+    if stale:
+        print(f"warning: ignoring {len(stale)} mtp tensor(s) the head does not have in {model_dir}, "
+              f"e.g. {stale[0]!r}", file=sys.stderr)
+    carried = {name: t for name, t in unused.items() if not name.startswith(MTP_PREFIX)}
+    vision = sum(name.startswith(VISION_PREFIX) for name in carried)
     if vision:
-        print(f"note: {model_dir} holds a vision tower ({len(vision)} tensors); bebop loads the text model only",
-              file=sys.stderr)
-    return {("model." + name.removeprefix(LANGUAGE_PREFIX) if name.startswith(LANGUAGE_PREFIX) else name): tensor
-            for name, tensor in found.items() if not name.startswith(VISION_PREFIX)}
-
-
-def nested_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of text_model_names for saving: model.X -> model.language_model.X."""
-    return {(LANGUAGE_PREFIX + name.removeprefix("model.") if name.startswith("model.") else name): tensor
-            for name, tensor in state.items()}
-
-
-def _weight_files(model_dir: Path) -> dict[str, list[str]]:
-    """file name -> tensor names it holds (from the index, or the single file)."""
-    index_path = model_dir / INDEX_FILE
-    if index_path.is_file():
-        try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise BebopError(f"{index_path} is malformed: {exc}") from None
-        files: dict[str, list[str]] = {}
-        for name, file in weight_map.items():
-            files.setdefault(file, []).append(name)
-        return files
-    if (model_dir / SINGLE_FILE).is_file():
-        return {SINGLE_FILE: []}  # names read from the file itself
-    raise BebopError(f"no {SINGLE_FILE} or {INDEX_FILE} in {model_dir}")
-
-
-def read_state_dict(model_dir: str | os.PathLike, keep=lambda name: True) -> dict[str, torch.Tensor]:
-    """All tensors whose name passes `keep`, from single or sharded safetensors files."""
-    model_dir = Path(model_dir)
-    state: dict[str, torch.Tensor] = {}
-    for file, _ in _weight_files(model_dir).items():
-        path = model_dir / file
-        if not path.is_file():
-            raise BebopError(f"checkpoint shard missing: {path}")
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                for name in fh.keys():
-                    if keep(name):
-                        state[name] = fh.get_tensor(name)
-        except (SafetensorError, OSError) as exc:
-            raise BebopError(f"corrupt checkpoint file {path}: {exc}") from None
-    return state
-
-
-def write_state_dict(state: dict[str, torch.Tensor], model_dir: str | os.PathLike,
-                     max_shard_bytes: int | None = None) -> None:
-    """Write tensors as one file, or shards plus an index when larger than max_shard_bytes."""
-    model_dir = Path(model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensor
-        size += nbytes
-    stale = [model_dir / SINGLE_FILE, model_dir / INDEX_FILE]
-    if len(shards) == 1:
-        atomic_write(model_dir / SINGLE_FILE, lambda tmp: save_file(shards[0], tmp, metadata={"format": "pt"}))
-        _remove_old_shards(model_dir, keep={SINGLE_FILE})
-        stale[1].unlink(missing_ok=True)
-        return
-    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    for name, shard in zip(names, shards):
-        atomic_write(model_dir / name, partial(save_file, shard, metadata={"format": "pt"}))  # (tmp) -> save_file(shard, tmp)
-    weight_map = {tensor: name for name, shard in zip(names, shards) for tensor in shard}
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    atomic_write_json(model_dir / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
-    stale[0].unlink(missing_ok=True)
-    _remove_old_shards(model_dir, keep=set(names))
-
-
-def _remove_old_shards(model_dir: Path, keep: set[str]) -> None:
-    for path in model_dir.glob("model-*-of-*.safetensors"):
-        if path.name not in keep:
-            path.unlink()
+        print(f"note: {model_dir} holds a vision tower ({vision} tensors); bebop runs the text model and "
+              "writes the tower back unchanged", file=sys.stderr)
+    other = sorted(name for name in carried if not name.startswith(VISION_PREFIX))
+    if other:
+        print(f"note: {len(other)} tensor(s) in {model_dir} that bebop does not use (e.g. {other[0]!r}) are "
+              "kept unchanged", file=sys.stderr)
+    return carried
 
 
 def _check_and_cast(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], where: Path,
@@ -191,14 +140,9 @@ def _expected_hf_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
 
 def checked_state(skeleton: CausalLM, model_dir: Path, found: dict[str, torch.Tensor],
                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """`found` (Hugging Face names) checked against every tensor `skeleton` needs (names, shapes;
-    unknown ones warned about and dropped), cast to `dtype` -> a state dict in bebop's names."""
-    expected = _expected_hf_tensors(skeleton)
-    unexpected = sorted(set(found) - set(expected))
-    if unexpected:
-        print(f"warning: ignoring {len(unexpected)} unknown tensor(s) in {model_dir}, e.g. {unexpected[0]!r}",
-              file=sys.stderr)
-    state = _check_and_cast(expected, found, model_dir, dtype)
+    """`found` (Hugging Face names) checked against every tensor `skeleton` needs (names, shapes),
+    cast to `dtype` -> a state dict in bebop's names. Tensors it does not need are not read."""
+    state = _check_and_cast(_expected_hf_tensors(skeleton), found, model_dir, dtype)
     fused = [k for k in skeleton.state_dict() if _split_name(k)]
     return from_hf_state(state, fused, skeleton.config)
 
@@ -210,14 +154,12 @@ def _mtp_layers_in(names) -> int:
 
 def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> CausalLM:
-    """Load a Hugging Face model directory: the trunk, and the MTP head where it has `mtp.*` weights."""
+    """Load a Hugging Face model directory: the trunk, and the MTP head where it has `mtp.*` weights;
+    what a save must give back is recorded in `model.stored` (StoredLayout)."""
     model_dir = Path(model_dir)
     cfg = read_config(model_dir)
-    found = read_state_dict(model_dir)
-    if cfg.outer:
-        found = text_model_names(found, model_dir)
-    if cfg.tie_word_embeddings:
-        found.pop("lm_head.weight", None)
+    raw = read_state_dict(model_dir)  # the files' names and dtypes
+    found = text_model_names(raw, cfg)
     has_mtp = any(name.startswith(MTP_PREFIX) for name in found)
     if has_mtp and not cfg.mtp_num_hidden_layers:
         cfg = replace(cfg, mtp_num_hidden_layers=max(1, _mtp_layers_in(found)))
@@ -227,16 +169,10 @@ def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float
     with torch.device("meta"):
         skeleton = CausalLM(cfg)  # names and shapes only
     model = CausalLM.from_state_dict(cfg, checked_state(skeleton, model_dir, found, dtype), strict=False)
-    model.shard_bytes = _largest_shard(model_dir)
+    used = {file_name(name, cfg) for name in _expected_hf_tensors(skeleton)}
+    model.stored = StoredLayout({name: t.dtype for name, t in raw.items()}, _carried(raw, used, model_dir),
+                                largest_shard(model_dir))
     return model.to(device).eval()
-
-
-def _largest_shard(model_dir: Path) -> int | None:
-    """The largest shard's size of a sharded checkpoint (saving it back shards it alike), else None."""
-    files = _weight_files(model_dir)
-    if len(files) < 2:
-        return None
-    return max((model_dir / name).stat().st_size for name in files)
 
 
 def release_dtype(model: CausalLM) -> torch.dtype:
@@ -248,19 +184,24 @@ def release_dtype(model: CausalLM) -> torch.dtype:
 
 
 def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes: int | None = None) -> None:
-    """Write config.json and the weights; `mtp.*` tensors of the model (if any) are saved too. The
-    input's layout is kept: the family's names (nested for a multimodal Qwen3.5), the dtype its config
-    declares (`release_dtype`; trainers keep float32 masters for resuming, train_state.master_weights),
-    and its sharding (shards up to the size of the largest input shard) unless `max_shard_bytes` is given."""
-    model_dir = Path(model_dir)
-    dtype = release_dtype(model)
-    state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in model.state_dict().items()}
-    max_shard_bytes = max_shard_bytes if max_shard_bytes is not None else model.shard_bytes
-    if model.config.tie_word_embeddings:
+    """Write the weights, then config.json; `mtp.*` tensors of the model (if any) are saved too. The
+    input's layout is kept (model.stored): the family's names (nested for a multimodal Qwen3.5), each
+    tensor's stored dtype (a tensor the input did not have: `release_dtype`; trainers keep float32 masters
+    for resuming, train_state.master_weights), the tensors bebop does not model, unchanged, and the
+    sharding (shards up to the size of the largest input shard) unless `max_shard_bytes` is given.
+    The directory's weights are replaced as one step (weight_files.write_weights)."""
+    stored, cfg = model.stored, model.config
+    state = dict(model.state_dict())
+    if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    state = to_hf_state(state, model.config)
-    write_state_dict(nested_names(state) if model.config.outer else state, model_dir, max_shard_bytes)
-    write_config(model.config, model_dir)
+    default = release_dtype(model)
+    files = {file_name(name, cfg): t for name, t in to_hf_state(state, cfg).items()}
+    files = {name: t.to(stored.dtypes.get(name, default)) if t.is_floating_point() else t
+             for name, t in files.items()}
+    carried = {name: t for name, t in stored.carried.items() if name not in files}
+    write_weights(files | carried, model_dir,
+                  max_shard_bytes if max_shard_bytes is not None else stored.shard_bytes)
+    write_config(cfg, model_dir)
 
 
 def build_model(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> CausalLM:

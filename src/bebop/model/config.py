@@ -131,9 +131,13 @@ class ModelConfig:
 
     @property
     def declared_dtype(self) -> str | None:
-        """The dtype config.json declares for the weights (`dtype`, or the older `torch_dtype`), if any."""
-        value = self.extra.get("dtype", self.extra.get("torch_dtype"))
-        return value if isinstance(value, str) else None
+        """The dtype config.json declares for the weights (`dtype`, or the older `torch_dtype`), if any: the
+        text model's, else a multimodal wrapper's (transformers writes it at the outer level only)."""
+        for where in (self.extra, self.outer):
+            value = where.get("dtype", where.get("torch_dtype"))
+            if isinstance(value, str):
+                return value
+        return None
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -150,7 +154,7 @@ class ModelConfig:
                              f"{', '.join(SUPPORTED_MODEL_TYPES)})")
         outer: dict = {}
         if isinstance(raw.get("text_config"), dict):  # a multimodal wrapper: the text model is nested
-            outer = {k: v for k, v in raw.items() if k != "text_config"}
+            outer = dict(raw)  # its text_config too: the keys a save writes back
             raw = {**raw["text_config"], "model_type": model_type}
             raw.setdefault("tie_word_embeddings", outer.get("tie_word_embeddings", False))
         rope = raw.get("rope_parameters") or {}
@@ -206,9 +210,10 @@ class ModelConfig:
             out["layer_types"] = list(self.layer_types)
             out["rope_parameters"]["partial_rotary_factor"] = out.pop("partial_rotary_factor")
             out.pop("attn_output_gate")  # implied by the family
-        if self.outer:  # the multimodal wrapper, as it was read, around the text model
-            text = {k: v for k, v in out.items() if k != "tie_word_embeddings"}
-            text["model_type"] = self.model_type.removesuffix("_text") + "_text"
+        if self.outer:  # the multimodal wrapper, as it was read, around the text model (every key it had)
+            read = self.outer["text_config"]
+            text = {k: v for k, v in out.items() if k != "tie_word_embeddings" or k in read}
+            text = {**read, **text, "model_type": self.model_type.removesuffix("_text") + "_text"}
             return {**self.outer, "text_config": text, "architectures": self.outer.get("architectures", [
                 ARCHITECTURES[self.model_type]])}
         return {**out, "architectures": [ARCHITECTURES.get(self.model_type, "Qwen3ForCausalLM")]}

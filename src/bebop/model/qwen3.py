@@ -23,6 +23,7 @@ from bebop.model.hybrid_cache import HybridCache
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import RMSNorm, attention_context, trunk_layers
 from bebop.model.mtp import MTP_PREFIX, MTPHead
+from bebop.model.weight_files import StoredLayout
 
 
 class Qwen3Model(nn.Module):
@@ -42,7 +43,7 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MTPHead(cfg) if cfg.mtp_num_hidden_layers else None
-        self.shard_bytes: int | None = None  # set by load_model: the input's shard size, kept when saving
+        self.stored = StoredLayout()  # set by load_model: what the input held that a save gives back
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state: dict[str, torch.Tensor], *, strict: bool = True) -> CausalLM:
