@@ -74,7 +74,7 @@ def main() -> None:
                 cfg = RLConfig(model=args.model, task=args.task, mode="async", spec=args.spec, k=args.k,
                                group_size=args.group_size, batch_prompts=args.batch_prompts,
                                max_new_tokens=args.max_new_tokens, max_staleness=staleness)
-                sampler = RolloutSampler(get_task(args.task), policy.codec, cfg)
+                sampler = RolloutSampler(get_task(args.task), policy, cfg)
                 source = (AsyncSource(sampler, policy.model, start_index=0, max_staleness=staleness) if n is None else
                           RaySource(sampler, policy.model, start_index=0, max_staleness=staleness, workers=n))
                 try:

@@ -80,3 +80,11 @@ def headed(tmp_path_factory):
 def digit_reward(monkeypatch):
     monkeypatch.setattr("bebop.rl.loop.run_task",
                         lambda policy, *, task, difficulty, **_: DigitTask(get_task(task, difficulty)))
+
+
+@pytest.fixture(scope="module")
+def turn_model(headed, tmp_path_factory):
+    """The headed policy with end-of-turn ids only in generation_config.json (rl_helpers.make_turn_model)."""
+    from rl_helpers import make_turn_model
+
+    return make_turn_model(headed, tmp_path_factory.mktemp("turn") / "model")

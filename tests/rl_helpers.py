@@ -2,6 +2,7 @@
 a small RLConfig, the metrics of a run."""
 
 import json
+import shutil
 import threading
 
 import torch
@@ -70,3 +71,45 @@ class GatedSampler:
         self.started[index].set()
         assert self.release[index].wait(10)
         return RolloutBatch([], 2, policy_version, index, 0.0, None, 0.0, 0.0)
+
+
+TURN_ENDS = "aeiou "  # listed as eos only in generation_config.json
+
+
+def make_turn_model(headed, path):
+    """`headed` whose generation_config.json (only) lists TURN_ENDS' characters as end-of-turn ids."""
+    from bebop.policy import load_policy
+
+    shutil.copytree(headed, path)
+    codec = load_policy(path, device="cpu").codec
+    ids = [codec.encode(ch)[0] for ch in TURN_ENDS]
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
+    return path
+
+
+def spy_rollouts(monkeypatch) -> list:
+    """The rollouts an RL run trains on, as the driver dumps them (every step's batch, Ray's included)."""
+    import bebop.rl.loop
+
+    seen: list = []
+    real = bebop.rl.loop.dump_rollouts
+
+    def spy(run_dir, step, batch, codec):
+        seen.extend(batch.rollouts)
+        return real(run_dir, step, batch, codec)
+
+    monkeypatch.setattr(bebop.rl.loop, "dump_rollouts", spy)
+    return seen
+
+
+def check_rollouts_end_their_turn(rollouts, model_dir) -> None:
+    """No rollout generates past a TURN_ENDS id (the policy's tokens; the environment's may hold any), and
+    most stopped at one: a check that would fail if the run ignored generation_config.json."""
+    from bebop.policy import generation_stop_ids
+
+    ends = set(generation_stop_ids(model_dir))
+    assert len(rollouts) >= 8
+    for r in rollouts:
+        policy_tokens = [t for t, is_policy in zip(r.token_ids, r.policy_mask) if is_policy]
+        assert not ends & set(policy_tokens[:-1]), f"generated past the end of its turn: {r.token_ids}"
+    assert sum(r.token_ids[-1] in ends for r in rollouts) >= len(rollouts) // 2

@@ -89,7 +89,7 @@ def _spec_signature(model, temperature, mode):
 def test_weight_sync_carries_the_head(headed, tmp_path):
     policy = load_policy(headed, device="cpu")
     cfg = rl_cfg(headed, spec="rs", k=2, batch_prompts=1)
-    source = AsyncSource(RolloutSampler(get_task("math"), policy.codec, cfg), policy.model, start_index=0,
+    source = AsyncSource(RolloutSampler(get_task("math"), policy, cfg), policy.model, start_index=0,
                          policy_version=0, max_staleness=1)
     try:
         old_head = {k: v.clone() for k, v in policy.model.state_dict().items() if k.startswith("mtp.")}
@@ -126,7 +126,7 @@ def _state_equal(a, b):
 def test_online_mtp_never_touches_the_trunk_and_grpo_never_touches_the_head(headed):
     policy = load_policy(headed, device="cpu")
     cfg = rl_cfg(headed, mtp_update="tv", k=2, mtp_lr=1e-2)
-    batch = RolloutSampler(get_task("math"), policy.codec, cfg).collect(policy.model, index=0, policy_version=0)
+    batch = RolloutSampler(get_task("math"), policy, cfg).collect(policy.model, index=0, policy_version=0)
     for rollout, reward in zip(batch.rollouts, [1.0, 0.0, 0.0, 1.0]):
         rollout.reward = reward
     trainer = PolicyTrainer(policy, cfg)

@@ -25,7 +25,7 @@ from bebop.rl.config import Backend
 from bebop.rl.sampler import STREAM_STRIDE, RolloutSampler
 from bebop.tasks import get_task
 
-from rl_helpers import DigitTask, read_metrics, rl_cfg
+from rl_helpers import DigitTask, check_rollouts_end_their_turn, read_metrics, rl_cfg, spy_rollouts
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
@@ -129,7 +129,7 @@ def test_more_workers_than_the_cluster_has_cpus_is_refused_at_once(headed, ray_s
     from bebop.rl.ray_backend import RaySource
 
     policy = load_policy(headed, device="cpu")
-    sampler = RolloutSampler(get_task("math"), policy.codec, rl_cfg(headed, mode="async"))
+    sampler = RolloutSampler(get_task("math"), policy, rl_cfg(headed, mode="async"))
     with pytest.raises(BebopError, match="3 rollout workers need 3 CPUs but the Ray cluster has 2"):
         RaySource(sampler, policy.model, start_index=0, max_staleness=2, workers=3)
 
@@ -171,7 +171,7 @@ def test_a_killed_worker_is_restarted_with_the_current_weights(headed, ray_sessi
     assert (first.batch.index, second.batch.index, second.batch.policy_version) == (0, 1, 1)
     assert source.next_index == 2 and second.dropped == 0
     # the new worker sampled with the current trunk AND head: the same rollouts as this process
-    here = RolloutSampler(get_task("math"), policy.codec, cfg).collect(policy.model, index=1, policy_version=1)
+    here = RolloutSampler(get_task("math"), policy, cfg).collect(policy.model, index=1, policy_version=1)
     assert [r.token_ids for r in second.batch.rollouts] == [r.token_ids for r in here.rollouts]
     got, want = second.batch.spec.to_dict(), here.spec.to_dict()
     # counts are exact; the entropy is a float sum from another process's kernels (thread counts may differ)
@@ -249,3 +249,10 @@ def test_your_own_data_and_reward_file_on_ray_workers(headed, tmp_path, monkeypa
     metrics = read_metrics(tmp_path / "run")
     assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["reward_errors"] == 0 for m in metrics)
     assert any(m["reward"] > 0 for m in metrics)  # the worker scored with the user's function
+
+
+def test_ray_rollouts_stop_at_generation_config_ids(turn_model, tmp_path, ray_session, monkeypatch):
+    rollouts = spy_rollouts(monkeypatch)
+    cfg = rl_cfg(turn_model, steps=1, batch_prompts=4, max_new_tokens=24, mode="async")
+    train_rl(tmp_path / "run", cfg, progress=False, backend=Backend("ray", rollout_workers=1))
+    check_rollouts_end_their_turn(rollouts, turn_model)

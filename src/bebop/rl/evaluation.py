@@ -1,6 +1,6 @@
 """Held-out evaluation during RL: the policy's mean reward and pass rate on `--eval-data`.
 
-    evaluator = Evaluator(load_dataset_task(cfg.eval_data, policy, reward=cfg.reward), cfg, policy.codec)
+    evaluator = Evaluator(load_dataset_task(cfg.eval_data, policy, reward=cfg.reward), cfg, policy)
     if evaluator.due(step):
         metrics.eval_reward, metrics.eval_pass_rate = evaluator.run(policy)
 
@@ -19,13 +19,12 @@ from bebop.rl.config import RLConfig
 from bebop.rl.sampler import RolloutSampler
 from bebop.rollout import run_episodes, summarize
 from bebop.tasks.dataset_task import DatasetTask
-from bebop.tokenizer import TextCodec
 
 
 class Evaluator:
-    def __init__(self, task: DatasetTask, cfg: RLConfig, codec: TextCodec) -> None:
+    def __init__(self, task: DatasetTask, cfg: RLConfig, policy: Policy) -> None:
         self.task, self.cfg = task, cfg
-        self.engine = RolloutSampler(task, codec, cfg)
+        self.engine = RolloutSampler(task, policy, cfg)
         self.problems = task.problems("test", len(task.rows), cfg.seed)
 
     def due(self, step: int) -> bool:

@@ -169,9 +169,9 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
     policy = load_policy(ckpt.model_dir if ckpt else cfg.model, device=device, template_kwargs=cfg.chat_template_kwargs)
     _require_head(policy, cfg)
     task = run_task(policy, task=cfg.task, difficulty=cfg.difficulty, data=cfg.data, reward=cfg.reward)
-    evaluator = Evaluator(load_dataset_task(cfg.eval_data, policy, reward=cfg.reward), cfg, policy.codec) \
+    evaluator = Evaluator(load_dataset_task(cfg.eval_data, policy, reward=cfg.reward), cfg, policy) \
         if cfg.eval_data else None
-    sampler = RolloutSampler(task, policy.codec, cfg)
+    sampler = RolloutSampler(task, policy, cfg)
     sampler.check_expressible(policy)
     out.mkdir(parents=True, exist_ok=True)  # every input is checked: only now is anything written
     atomic_write_json(out / CONFIG_FILE, asdict(cfg))

@@ -1,6 +1,6 @@
 """Problems -> RolloutBatch with the engine: plain decoding or speculative (TO / RS) with the head.
 
-    sampler = RolloutSampler(task, codec, cfg)
+    sampler = RolloutSampler(task, policy, cfg)
     batch = sampler.collect(model, index=step, policy_version=v)   # batch_prompts * G rollouts
 
 The prompt stream is a pure function of (seed, index): batch `index` holds `batch_prompts` train
@@ -28,14 +28,16 @@ from bebop.rl.records import Rollout, RolloutBatch
 from bebop.rollout import encode_prompts, run_episodes, summarize
 from bebop.tasks import Problem, Task
 from bebop.tasks.dataset_task import DatasetTask
-from bebop.tokenizer import TextCodec
 
 STREAM_STRIDE = 1_000_003  # seeds of batch i: seed * STREAM_STRIDE + i (distinct across seeds and batches)
 
 
 class RolloutSampler:
-    def __init__(self, task: Task, codec: TextCodec, cfg: RLConfig) -> None:
-        self.task, self.codec, self.cfg = task, codec, cfg
+    def __init__(self, task: Task, policy: Policy, cfg: RLConfig) -> None:
+        """`policy` gives the tokenizer and the stop ids (generation_config.json's too); its model is not kept:
+        each call samples from the model it is given (a Ray worker's, an async engine copy)."""
+        self.task, self.codec, self.cfg = task, policy.codec, cfg
+        self.generation_stop_ids = policy.generation_stop_ids
         self.controller: AdaptiveK | None = None
         self.drafting_suspended = False  # set while the drafter alarm is up (rl/drafter_alarm.py)
 
@@ -73,7 +75,7 @@ class RolloutSampler:
 
     def collect(self, model: CausalLM, *, index: int, policy_version: int) -> RolloutBatch:
         cfg = self.cfg
-        policy = Policy(model, self.codec)
+        policy = Policy(model, self.codec, generation_stop_ids=self.generation_stop_ids)  # stop ids: Policy.stop_ids
         problems = self.problems(index)
         sink: list[SpecMetrics] = []
         generate_fn = self.generate_fn(model, len(problems), sink)
