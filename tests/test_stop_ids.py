@@ -9,6 +9,7 @@ from bebop.mtp.data import sample_sequences
 from bebop.policy import load_policy
 from bebop.rl import train_rl
 from bebop.tasks import get_task
+
 from rl_helpers import TURN_ENDS, check_rollouts_end_their_turn, rl_cfg, spy_rollouts
 
 
