@@ -88,10 +88,62 @@ def test_rows_are_checked_before_any_rollout(reward_file):
     (None, 0.0, "TypeError: the reward returned NoneType, not a number"),
 ])
 def test_what_a_reward_returns(returned, reward, error):
-    result = score_row(lambda *args: returned, DataRow(1, "p"), "c")
+    result = score_row(lambda **verl_keywords: returned, DataRow(1, "p"), "c")
     assert (result.reward, result.error) == (reward, error)
 
 
 def test_a_reward_that_raises_scores_zero_with_its_reason(reward_file):
     result = score_row(load_reward(f"{reward_file}:broken"), DataRow(1, "p"), "c")
     assert (result.reward, result.error) == (0.0, "KeyError: 'boom'")
+
+
+VERL_STYLE_REWARDS = """
+import asyncio
+
+def reordered(solution_str, ground_truth, data_source, extra_info=None):
+    return float(solution_str.strip() == ground_truth) + (0.5 if data_source == "mine" else 0.0)
+
+def keyword_only(*, data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return {"score": float(solution_str.strip() == ground_truth), "source": data_source}
+
+async def awaited(data_source, solution_str, ground_truth, extra_info):
+    await asyncio.sleep(0)
+    return float(solution_str.strip() == ground_truth) + extra_info["bonus"]
+
+def too_few(solution, answer):
+    return 1.0
+
+def positional_only(data_source, solution_str, ground_truth, extra_info, /):
+    return 1.0
+"""
+
+
+def verl_score(fn, row, completion):
+    """What verl's reward manager computes: the function called by keyword, a coroutine awaited, a dict's score."""
+    import asyncio
+    import inspect
+
+    value = fn(data_source=row.data_source, solution_str=completion, ground_truth=row.ground_truth,
+               extra_info=row.extra_info)
+    value = asyncio.run(value) if inspect.iscoroutine(value) else value
+    return float(value["score"] if isinstance(value, dict) else value)
+
+
+@pytest.mark.parametrize("name", ["reordered", "keyword_only", "awaited"])
+def test_verl_rewards_score_what_verl_scores_whatever_their_parameter_order(tmp_path, name):
+    path = tmp_path / "verl_rewards.py"
+    path.write_text(VERL_STYLE_REWARDS)
+    fn = load_reward(f"{path}:{name}")
+    row = DataRow(1, "p", ground_truth="42", data_source="mine", extra_info={"bonus": 0.25})
+    for completion in ("42", " 42\n", "41"):
+        result = score_row(fn, row, completion)
+        assert result.error is None and result.reward == verl_score(fn, row, completion)
+    assert score_row(fn, row, "42").reward > score_row(fn, row, "41").reward
+
+
+@pytest.mark.parametrize("name", ["too_few", "positional_only"])
+def test_a_reward_that_cannot_take_verls_keywords_is_refused_when_loaded(tmp_path, name):
+    path = tmp_path / "verl_rewards.py"
+    path.write_text(VERL_STYLE_REWARDS)
+    with pytest.raises(BebopError, match=f"--reward .*{name}.* cannot be called as verl calls a reward, by keyword"):
+        load_reward(f"{path}:{name}")

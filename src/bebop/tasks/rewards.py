@@ -1,6 +1,7 @@
-"""Rewards for dataset rows, called as verl calls a custom reward function:
+"""Rewards for dataset rows, called as verl calls a custom reward function, by keyword:
 
-    fn(data_source: str, solution_str: str, ground_truth, extra_info: dict | None) -> float
+    fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...) -> float
+    (any parameter order, keyword-only or **kwargs alike; an `async def` reward is awaited)
 
     --reward math                      the built-in math-verify scorer (bebop.tasks.math_answers)
     --reward my_pkg.rewards:score      a function of an importable module
@@ -9,16 +10,20 @@
                                        does: gsm8k-, MATH-, DAPO-, AIME- and Numina-style sources
                                        score with math-verify; any other source is an error
 
-A function may return a number, a bool, or a dict with a "score" (verl's richer form). A call that
+The signature is checked when the reward is loaded, before any rollout: one that cannot take those four
+keywords is a BebopError naming it. A function may return a number, a bool, or a dict with a "score"
+(verl's richer form). A call that
 raises, or returns something else or a non-finite number, scores 0 and is reported with its row
 (`RowScore.error`); it never stops the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -30,7 +35,8 @@ from bebop.errors import BebopError
 from bebop.tasks.data_files import DataRow
 from bebop.tasks.math_answers import checkable_truth, math_verify_reward
 
-RewardFn = Callable[[str, str, Any, Any], Any]
+RewardFn = Callable[..., Any]  # called by keyword: VERL_KEYWORDS
+VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
 BUILTIN_REWARDS: dict[str, RewardFn] = {"math": math_verify_reward}
 # the data sources verl's default_compute_score scores as math (its gsm8k, MATH, DAPO and PRIME scorers)
 MATH_SOURCES = frozenset({
@@ -44,7 +50,33 @@ def _function_of(module: Any, name: str, spec: str) -> RewardFn:
     fn = getattr(module, name, None)
     if not callable(fn):
         raise BebopError(f"--reward {spec}: {module.__name__} has no function {name!r}")
+    check_signature(fn, spec)
     return fn
+
+
+def check_signature(fn: RewardFn, spec: str) -> None:
+    """A BebopError naming the reward unless it can be called with verl's four keywords."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: the call itself will say
+    try:
+        signature.bind(**dict.fromkeys(VERL_KEYWORDS))
+    except TypeError as exc:
+        raise BebopError(f"--reward {spec}: {getattr(fn, '__name__', fn)}{signature} cannot be called as verl calls "
+                         f"a reward, by keyword ({', '.join(VERL_KEYWORDS)}): {exc}") from None
+
+
+def call_reward(fn: RewardFn, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> Any:
+    """fn's value for one completion, called as verl calls it: by keyword, a coroutine awaited."""
+    value = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+    if inspect.isawaitable(value):
+        value = asyncio.run(_awaited(value))
+    return value
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def _load_file(path: Path, spec: str) -> Any:
@@ -135,6 +167,6 @@ def _as_number(value: Any) -> float:
 def score_row(fn: RewardFn, row: DataRow, completion: str) -> RowScore:
     """fn's reward for one completion of `row`; anything that goes wrong scores 0, with the reason."""
     try:
-        return RowScore(_as_number(fn(row.data_source, completion, row.ground_truth, row.extra_info)))
+        return RowScore(_as_number(call_reward(fn, row.data_source, completion, row.ground_truth, row.extra_info)))
     except Exception as exc:  # a user's reward must not stop the run: report it with the row instead
         return RowScore(0.0, f"{type(exc).__name__}: {exc}")
