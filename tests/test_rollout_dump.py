@@ -54,3 +54,20 @@ def test_forwards_per_row_give_the_acceptance_length(spec_model, monkeypatch):
     # the prefill emits one token; then each verify emits 4 (3 accepted drafts + the bonus), the last one cut
     assert all(g.forwards == 1 + -(-(len(g.token_ids) - 1) // 4) for g in gens)
     assert all(g.forwards < len(g.token_ids) for g in gens)
+
+
+@pytest.mark.parametrize("spec_mode", ["off", "rs"])
+def test_acceptance_lengths_of_more_than_8_rows_with_stop_tokens(turn_model, tmp_path, monkeypatch, spec_mode):
+    """16 rows, most stopping early (issue 23): the finished ones ride along in the batch and must count
+    no forward, so every dumped acceptance length is policy tokens / target forwards, at least 1 (plain: 1)."""
+    from rl_helpers import spy_rollouts
+
+    rollouts = spy_rollouts(monkeypatch)
+    run = tmp_path / "run"
+    train_rl(run, rl_cfg(turn_model, spec=spec_mode, k=2, steps=1, group_size=4, batch_prompts=4,
+                         max_new_tokens=24), progress=False, device="cpu")
+    rows = [json.loads(x) for x in rollout_path(run, 1).read_text().splitlines()]
+    assert len(rows) == len(rollouts) == 16 and len({r.target_forwards for r in rollouts}) > 2
+    for row, r in zip(rows, rollouts):
+        assert row["acceptance_length"] == pytest.approx(r.num_policy_tokens / r.target_forwards, abs=1e-4)
+        assert row["acceptance_length"] >= 1 and (spec_mode == "rs" or row["acceptance_length"] == 1)

@@ -174,17 +174,18 @@ class _Run:
         self.metrics = SpecMetrics(k, draft_log=[] if log_drafts else None)
         self._leave_finished()
 
-    def choose_k(self, can_draft: list[bool]) -> int:
+    def choose_k(self, can_draft: list[bool], generating: int) -> int:
         if not any(can_draft):
             return 0
-        return self.controller.choose(len(self.live)) if self.controller else self.k
+        return self.controller.choose(generating) if self.controller else self.k
 
     def step(self) -> None:
         t0 = time.perf_counter()
+        generating = self.book.generating(self.live)  # the live batch's rows less the finished riding along
         pending = [self.book.pending[row] for row in self.live]
         logged = self.log.counts
         can_draft = [len(p) == 1 and c > 0 for p, c in zip(pending, logged)]  # the last token only, history logged
-        k = self.choose_k(can_draft)
+        k = self.choose_k(can_draft, generating)
         drafting = [k > 0 and d for d in can_draft]
         typical = all(len(p) == 1 for p in pending if p) and (not k or max(logged) <= self.k + 1)
         drafts = draft_probs = None
@@ -197,9 +198,9 @@ class _Run:
         host = to_host([tokens, logprobs, ents, accepted], *checked)  # the step's one host sync
         self._emit(k, pending, drafting, host, hidden)
         if self.controller and typical:  # a decode step with no catch-up: its time fits the cost model
-            self.controller.observe(len(self.live), k, time.perf_counter() - t0,
+            self.controller.observe(generating, k, time.perf_counter() - t0,
                                     [int(h[-1]) for h, d in zip(host, drafting) if d])
-        self.metrics.record_step(len(self.live), k)
+        self.metrics.record_step(generating, k)
         self.cache.rollback(torch.tensor(self.trunk_len, device=self.model.device), span=max(self.trunk_len))
         self._leave_finished()
 
@@ -242,6 +243,10 @@ class _Run:
         """Hand each row its accepted run; log the positions now valid for the next MTP refresh."""
         counts, next_tokens = [], []
         for i, row in enumerate(self.live):
+            if not pending[i]:  # finished before this step, riding along until the batch compacts
+                counts.append(0)
+                next_tokens.append([])
+                continue
             n_acc = int(host[i][-1])
             toks = [int(t) for t in host[i][: n_acc + 1]]
             ents = host[i][2 * (k + 1): 2 * (k + 1) + n_acc + 1]
