@@ -3,6 +3,11 @@
 `save_train_state` writes `train_state.pt` atomically; the model weights are saved first by the
 caller, so a crash between the two resumes from the older state with newer weights at worst
 one save interval apart -- never from a half-written file.
+
+A state file is data: tensors and plain values only (random states as tensors, lists and numbers),
+read with `torch.load(weights_only=True)`, so a run directory someone hands you cannot run code on
+`--resume`. A state written before this rule (numpy's random state as an array) is still read; a file
+that needs any other object is refused with one line naming what it holds.
 """
 
 from __future__ import annotations
@@ -21,8 +26,17 @@ from bebop.fileio import atomic_write
 STATE_FILE = "train_state.pt"
 
 
+# what a state file written before the rule holds beyond plain data: numpy's random state, an array
+LEGACY_NUMPY = ("numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
+                "numpy.dtype", "numpy.dtypes.UInt32DType")
+
+
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python's, numpy's and torch's global random states, as plain data (tensors, lists, numbers)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    numpy_state = {"name": name, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def config_diff(saved: dict, current: dict) -> list[str]:
@@ -44,9 +58,18 @@ def check_same_config(saved: dict, current: dict, run_dir: str | os.PathLike) ->
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    random.setstate(_as_tuples(state["python"]))
+    saved = state["numpy"]
+    if isinstance(saved, dict):
+        saved = (saved["name"], saved["keys"].numpy().astype(np.uint32), saved["pos"], saved["has_gauss"],
+                 saved["cached_gaussian"])
+    np.random.set_state(saved)  # a legacy state: numpy's own tuple
     torch.set_rng_state(state["torch"])
+
+
+def _as_tuples(value):
+    """random.setstate wants the tuples it gave (a state may come back with lists)."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def save_train_state(directory: str | os.PathLike, state: dict, name: str = STATE_FILE) -> None:
@@ -60,9 +83,24 @@ def load_train_state(directory: str | os.PathLike, name: str = STATE_FILE, *,
     if not path.is_file():
         raise BebopError(f"nothing to resume: no {name} in {directory}")
     try:
-        return torch.load(path, weights_only=False, map_location=map_location)
+        needs = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
     except Exception as exc:  # a truncated or foreign file
         raise BebopError(f"corrupt training state {path}: {type(exc).__name__}") from None
+    if not needs <= set(LEGACY_NUMPY):
+        raise BebopError(f"refusing to load {path}: it holds objects that are not plain data "
+                         f"({', '.join(sorted(needs - set(LEGACY_NUMPY)))}); a state bebop writes holds tensors and "
+                         "plain values only, and loading anything else could run code")
+    try:
+        with torch.serialization.safe_globals(_legacy_numpy_globals()):
+            return torch.load(path, weights_only=True, map_location=map_location)
+    except Exception as exc:  # a truncated file, or a pickle that still asks for more
+        raise BebopError(f"corrupt training state {path}: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _legacy_numpy_globals() -> list:
+    """The numpy objects of a numpy random state (an array of a dtype): data, allowed in legacy files."""
+    core = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def master_weights(model: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:

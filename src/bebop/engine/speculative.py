@@ -241,7 +241,8 @@ class _Run:
 
     def _emit(self, k: int, pending, drafting, host, hidden) -> None:
         """Hand each row its accepted run; log the positions now valid for the next MTP refresh."""
-        counts, next_tokens = [], []
+        counts: list[int] = []
+        next_tokens: list[list[int]] = []
         for i, row in enumerate(self.live):
             if not pending[i]:  # finished before this step, riding along until the batch compacts
                 counts.append(0)

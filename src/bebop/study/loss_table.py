@@ -30,6 +30,7 @@ from bebop.mtp.train import STATE_FILE, MTPTrainConfig, saved_config, train_mtp
 from bebop.policy import load_policy
 from bebop.study.intervals import mean_interval
 from bebop.tasks import get_task
+from bebop.train_state import load_train_state
 
 LOSSES = ("ce", "kl", "rkl", "tv", "e2e_tv")
 
@@ -48,7 +49,7 @@ def _saved_step(head_dir: Path, cfg: MTPTrainConfig) -> int | None:
     """The step a head trained with exactly this config reached, or None (absent / other config)."""
     if not (head_dir / STATE_FILE).is_file():
         return None
-    state = torch.load(head_dir / STATE_FILE, weights_only=False, map_location="cpu")
+    state = load_train_state(head_dir, STATE_FILE, map_location="cpu")
     return state["step"] if saved_config(state) == asdict(cfg) else None
 
 
