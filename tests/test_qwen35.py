@@ -171,3 +171,22 @@ def test_moe_prefill_then_decode_and_save_round_trip(hf_moe_dir, tmp_path):
         assert (logits - expected[:, 7 + i]).abs().max().item() <= 1e-4, i
     save_model(ours, tmp_path / "back")
     assert set(read_state_dict(tmp_path / "back")) == set(read_state_dict(path))  # per-expert names, as read
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_one_plus_w_norm_equals_transformers_in_every_dtype(dtype):
+    """Qwen3_5RMSNorm forms (1 + w) and the product in float32 and casts once (issue 23): bit-equal here
+    in every dtype (forming 1 + w in bfloat16 rounds nearby scales together: not equal)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    from bebop.model.layers import RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    hf, ours = Qwen3_5RMSNorm(1024, eps=1e-6), RMSNorm(1024, 1e-6, offset=1.0)
+    with torch.no_grad():
+        hf.weight.copy_(torch.randn(1024, generator=g) * 0.05)
+        ours.weight.copy_(hf.weight)
+    hf, ours = hf.to(dtype), ours.to(dtype)
+    x = torch.randn(3, 5, 1024, generator=g).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(ours(x), hf(x))

@@ -30,12 +30,17 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """As the reference computes it, for every dtype: Qwen3's `w * normed.to(dtype)`; Qwen3.5's
+        `(normed * (1 + w.float())).to(dtype)`, the scale formed in float32 (formed in bfloat16, 1 + w
+        rounds nearby scales together)."""
         if x.dtype == torch.float32 and not self.offset:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op
         dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight + self.offset) * x.to(dtype)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (h * (self.offset + self.weight.float())).to(dtype)
+        return self.weight * h.to(dtype)
 
 
 _ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (Dh, theta, dtype, device) -> cos, sin (N, Dh)
