@@ -153,7 +153,7 @@ def test_a_killed_worker_is_restarted_with_the_current_weights(headed, ray_sessi
 
     policy = load_policy(headed, device="cpu")
     cfg = rl_cfg(headed, mode="async", spec="rs", k=2, batch_prompts=1)
-    sampler = SlowSampler(get_task("math"), policy.codec, cfg)
+    sampler = SlowSampler(get_task("math"), policy, cfg)
     source = RaySource(sampler, policy.model, start_index=0, policy_version=0, max_staleness=0, workers=1)
     try:
         first = source.next_batch(0)
@@ -239,8 +239,8 @@ def test_your_own_data_and_reward_file_on_ray_workers(headed, tmp_path, monkeypa
     from data_helpers import verl_row, with_chat_template, write_rows
 
     model = with_chat_template(headed, tmp_path / "model")
-    (tmp_path / "reward.py").write_text("def two_digits(source, text, truth, extra):\n"
-                                        "    return float(sum(c.isdigit() for c in text) >= 2)\n")
+    (tmp_path / "reward.py").write_text("def two_digits(solution_str, data_source, ground_truth, extra_info):\n"
+                                        "    return float(sum(c.isdigit() for c in solution_str) >= 2)\n")
     data = write_rows(tmp_path / "d.jsonl", [verl_row(f"{i}+{i}?", str(2 * i), source="mine") for i in range(4)])
     monkeypatch.chdir(tmp_path)
     cfg = rl_cfg(model, task="math", data=str(data), reward="reward.py:two_digits", mode="async", spec="rs", k=2,
