@@ -70,3 +70,17 @@ def test_auto_without_a_head(tiny_model_dir, tmp_path, capsys):
     assert _generate(tiny_model_dir, tmp_path, "--spec", "rs", "--k", "auto") == 2
     assert "mtp init" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("flags", [(), ("--spec", "rs", "--k", "2")])
+def test_ignore_eos_runs_every_row_to_max_new_tokens(head_model_dir, tmp_path, flags):
+    """vLLM's ignore_eos: the stop tokens are sampled like any other (T=1 on a tiny random model stops
+    some rows early without the flag) and every row runs to --max-new-tokens."""
+    base = ["--temperature", "1", "--seed", "3", "--max-new-tokens", "40", *flags]
+    finish = {}
+    for extra in ((), ("--ignore-eos",)):
+        assert _generate(head_model_dir, tmp_path, *base, *extra) == 0
+        rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+        finish[extra] = [(r["finish_reason"], len(r["token_ids"])) for r in rows]
+    assert finish[("--ignore-eos",)] == [("length", 40)] * len(PROMPTS)
+    assert any(reason == "stop" for reason, _ in finish[()])

@@ -19,6 +19,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="JSONL file with a 'prompt' key per row")
     p.add_argument("--max-new-tokens", type=int, required=True)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at the stop tokens: every row runs to --max-new-tokens (vLLM's ignore_eos; for "
+                        "benchmarks with uniform lengths)")
     add_sampling_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=32)

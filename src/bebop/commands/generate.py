@@ -79,7 +79,8 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
         for i, toks in enumerate(ids):
             if not toks:
                 raise BebopError(f"prompt {start + i} encodes to no tokens")
-        common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, stop_ids=policy.stop_ids,
+        common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling,
+                      stop_ids=() if args.ignore_eos else policy.stop_ids,
                       generator=generator, pad_id=policy.pad_id)
         t0 = time.perf_counter()
         if spec is None:
