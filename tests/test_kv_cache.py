@@ -52,3 +52,22 @@ def test_rollback_then_continue_equals_recompute(hf_model_dir):
             seq = prefix[b].tolist() + junk[b, : keep[b]].tolist() + good[b].tolist()
             ref = _full_logits(model, seq)[-4:]
             assert torch.allclose(model.logits(hidden[b]), ref, atol=1e-4)
+
+
+def test_keep_gathers_the_used_span_and_zeroes_the_rest():
+    """Compaction reads only positions < span (issue 24): those equal a full gather, the rest are zeros
+    (finite: attention reads them masked)."""
+    from bebop.model.kv_cache import KVCache
+
+    cache = KVCache(3, 6, 2, 4, 20, dtype=torch.float32, device="cpu")
+    cache.k.normal_(generator=torch.Generator().manual_seed(0))
+    cache.v.normal_(generator=torch.Generator().manual_seed(1))
+    full_k, full_v = cache.k.clone(), cache.v.clone()
+    cache.lengths.copy_(torch.tensor([3, 7, 1, 9, 2, 5]))
+    rows = torch.tensor([3, 0, 5])
+    cache.keep(rows, span=9)
+    assert cache.k.shape == (3, 3, 2, 20, 4) and cache.k.is_contiguous()
+    assert torch.equal(cache.k[:, :, :, :9], full_k.index_select(1, rows)[:, :, :, :9])
+    assert torch.equal(cache.v[:, :, :, :9], full_v.index_select(1, rows)[:, :, :, :9])
+    assert not cache.k[:, :, :, 9:].any() and not cache.v[:, :, :, 9:].any()
+    assert cache.lengths.tolist() == [9, 3, 5] and cache.span == 9

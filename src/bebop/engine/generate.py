@@ -31,9 +31,8 @@ from bebop.sampling import SamplingParams, entropy, sample, to_host, token_logpr
 def pad_chunk(pending: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged per-row token lists -> (B, T) right-padded ids and (B,) counts."""
     width = max(1, max(len(p) for p in pending))
-    ids = torch.full((len(pending), width), pad_id, dtype=torch.long)
-    for b, toks in enumerate(pending):
-        ids[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+    flat = [tok for toks in pending for tok in toks + [pad_id] * (width - len(toks))]  # one host list, one tensor
+    ids = torch.tensor(flat, dtype=torch.long).view(len(pending), width)
     counts = torch.tensor([len(p) for p in pending], dtype=torch.long)
     return ids.to(device), counts.to(device)
 

@@ -5,7 +5,8 @@ Every forward call appends a chunk of `T` new tokens to each row at that row's o
 same call. Row b keeps only its first `num_new[b]` tokens of the chunk; the rest are written
 past its length and are invisible. Rolling back is `rollback(new_lengths)`: a length change, no
 copy. Later rows may advance by different amounts (speculative decoding). Rows that finish
-leave with `keep(rows)` (the live batch): one gather, so later forwards cost the live rows only.
+leave with `keep(rows)` (the live batch): one gather over the used span, so later forwards cost the live
+rows only.
 
 `span` is a host-side upper bound on max(lengths), kept so that attention reads only the used
 part of the buffer without a device->host sync. Callers that know a tighter bound pass it.
@@ -61,7 +62,16 @@ class KVCache:
     def keep(self, rows: torch.Tensor, span: int) -> None:
         """Keep only the cache rows `rows` (R,) (indices into the current batch, in the new order);
         `span`: a bound on the kept rows' max length (host-known)."""
-        self.k = self.k.index_select(1, rows)  # (L, R, Hkv, S, Dh)
-        self.v = self.v.index_select(1, rows)  # (L, R, Hkv, S, Dh)
+        self.k = keep_span(self.k, rows, span)  # (L, R, Hkv, S, Dh)
+        self.v = keep_span(self.v, rows, span)  # (L, R, Hkv, S, Dh)
         self.lengths = self.lengths.index_select(0, rows)  # (R,)
         self.span = span
+
+
+def keep_span(buffer: torch.Tensor, rows: torch.Tensor, span: int) -> torch.Tensor:
+    """buffer (L, B, Hkv, S, Dh) -> (L, R, Hkv, S, Dh): the rows' used positions (< span) gathered, the rest
+    zeroed, not copied (attention reads past a row's length only masked, and a masked zero stays finite)."""
+    out = torch.empty((buffer.shape[0], rows.shape[0], *buffer.shape[2:]), dtype=buffer.dtype, device=buffer.device)
+    torch.index_select(buffer[:, :, :, :span], 1, rows, out=out[:, :, :, :span])
+    out[:, :, :, span:].zero_()
+    return out

@@ -1,0 +1,168 @@
+"""Where a decoding step's time goes: verify forward, MTP forwards, sampling and acceptance, cache work
+and the rest, for plain decoding and speculative steps (fixed K and --k auto) at a few live-row counts.
+
+    python benchmarks/step_profile.py --model DIR [--cases 1,8,64,longtail] [--arms plain,rs:3,rs:auto]
+                                      [--tokens 64] [--runs 3] [--out FILE.jsonl]
+
+A case is a number of rows decoding exactly --tokens new tokens each (no stop: every step has that many
+live rows), or `longtail`: 64 task prompts stopping at their stop tokens, up to 384 new tokens (the RL
+config's lengths; meaningful with a trained policy). Each function of a category is wrapped by a timer
+(the outermost timed call owns the time, so nothing counts twice); a step runs from one speculative
+`_Run.step` (plain: one trunk forward) to the next. Per (case, arm) one JSON line: ms per decode step for
+each category, the median over --runs after a warm-up run; the first step (the prompts' prefill) apart as
+`prefill_ms`; `forwards_ms` = verify + MTP, and `step_over_forwards`, a step over its forwards (the
+issue-24 target: at most 1.15). "verify_forward" is the trunk forward (plain: the decode forward) with
+everything inside it: cache writes, the mask, attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+
+from common import machine, median
+
+from bebop.engine import refresh_log, speculative
+from bebop.engine.generate import generate
+from bebop.engine.speculative import speculative_generate
+from bebop.model import kv_cache, qwen3
+from bebop.model.mtp import MTPHead
+from bebop.policy import load_policy
+from bebop.sampling import SamplingParams
+from bebop.tasks import get_task
+
+plain_module = importlib.import_module("bebop.engine.generate")  # the module (bebop.engine.generate is the function)
+
+# category -> [(owner, attribute name)]: the functions whose time is that category's
+CATEGORIES = {
+    "verify_forward": [(qwen3.CausalLM, "forward"), (qwen3.CausalLM, "logits")],
+    "mtp_forwards": [(MTPHead, "forward"), (qwen3.CausalLM, "mtp_logits"), (qwen3.CausalLM, "embed")],
+    "sampling_acceptance": [(mod, name) for mod in (speculative, plain_module)
+                            for name in ("warp_probs", "sample", "entropy", "to_host")]
+                           + [(speculative, "_accept"), (plain_module, "token_logprob")],
+    "cache_work": [(refresh_log.RefreshLog, "take"), (refresh_log.RefreshLog, "add"), (refresh_log.RefreshLog, "keep"),
+                   (kv_cache.KVCache, "rollback"), (kv_cache.KVCache, "keep"), (speculative._Run, "_leave_finished"),
+                   (plain_module, "_leave_finished"), (plain_module, "pad_chunk"), (speculative, "pad_chunk")],
+}
+
+
+class Timers:
+    """Seconds per (step, category); only the outermost timed call is counted. A step starts at each
+    speculative `_Run.step`, or for plain decoding at each trunk forward (its one forward per step)."""
+
+    def __init__(self, plain: bool) -> None:
+        self.seconds: dict[tuple[int, str], float] = defaultdict(float)
+        self.starts: list[float] = []  # each step's start (perf_counter)
+        self.depth = 0
+        self.plain = plain
+
+    def wrap(self, category: str, fn, starts_step: bool = False):
+        def timed(*args, **kwargs):
+            if self.depth:
+                return fn(*args, **kwargs)
+            self.depth += 1
+            start = time.perf_counter()
+            if starts_step and self.plain:
+                self.starts.append(start)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[(len(self.starts) - 1, category)] += time.perf_counter() - start
+                self.depth -= 1
+        return timed
+
+
+@contextmanager
+def instrumented(timers: Timers):
+    """Every category's functions wrapped; speculative steps mark their starts."""
+    saved = []
+    for category, places in CATEGORIES.items():
+        for owner, name in places:
+            real = getattr(owner, name)
+            saved.append((owner, name, real))
+            setattr(owner, name, timers.wrap(category, real, starts_step=(owner, name) == (qwen3.CausalLM, "forward")))
+    real_step = speculative._Run.step
+
+    def step(run):
+        timers.starts.append(time.perf_counter())
+        real_step(run)
+
+    speculative._Run.step = step
+    try:
+        yield
+    finally:
+        speculative._Run.step = real_step
+        for owner, name, real in reversed(saved):
+            setattr(owner, name, real)
+
+
+def prompts_for(policy, case: str, task: str) -> tuple[list[list[int]], int, tuple[int, ...]]:
+    """(prompts, max_new_tokens, stop ids) of a case."""
+    rows = 64 if case == "longtail" else int(case)
+    problems = get_task(task).problems("test", rows, 0)
+    ids = [policy.codec.encode(p.prompt) for p in problems]
+    return (ids, 384, policy.stop_ids) if case == "longtail" else (ids, ARGS.tokens, ())
+
+
+def run_once(policy, arm: str, prompts, max_new: int, stops) -> dict:
+    """ms per decode step for each category (the prompt's step, a prefill, reported apart as prefill_ms)."""
+    timers = Timers(plain=arm == "plain")
+    g = torch.Generator().manual_seed(0)
+    common = dict(max_new_tokens=max_new, sampling=SamplingParams(ARGS.temperature), stop_ids=stops, generator=g,
+                  pad_id=policy.pad_id)
+    with instrumented(timers):
+        if arm == "plain":
+            gens = generate(policy.model, prompts, **common)
+        else:
+            mode, k = arm.split(":")
+            gens, _ = speculative_generate(policy.model, prompts, k=k if k == "auto" else int(k), mode=mode, **common)
+        end = time.perf_counter()
+    bounds = timers.starts + [end]
+    steps = len(timers.starts) - 1  # decode steps, after the prefill step
+    out = {name: 1e3 * sum(timers.seconds[(i, name)] for i in range(1, steps + 1)) / steps for name in CATEGORIES}
+    out["step_ms"] = 1e3 * (bounds[-1] - bounds[1]) / steps
+    out["rest"] = out["step_ms"] - sum(out[name] for name in CATEGORIES)
+    out["prefill_ms"] = 1e3 * (bounds[1] - bounds[0])
+    out["steps"] = steps
+    out["tokens"] = sum(len(gen.token_ids) for gen in gens)
+    return out
+
+
+def profile(policy, case: str, arm: str) -> dict:
+    prompts, max_new, stops = prompts_for(policy, case, ARGS.task)
+    run_once(policy, arm, prompts, max_new, stops)  # warm-up (and --k auto's cost profile)
+    runs = [run_once(policy, arm, prompts, max_new, stops) for _ in range(ARGS.runs)]
+    row = {key: median([r[key] for r in runs]) for key in runs[0]}
+    row["forwards_ms"] = row["verify_forward"] + row["mtp_forwards"]
+    row["step_over_forwards"] = row["step_ms"] / row["forwards_ms"]
+    return {"case": case, "arm": arm, **{k: round(v, 3) for k, v in row.items()}}
+
+
+def main() -> None:
+    policy = load_policy(ARGS.model, device="cpu")
+    rows = [profile(policy, case, arm) for case in ARGS.cases.split(",") for arm in ARGS.arms.split(",")]
+    lines = [json.dumps(row) for row in rows] + [json.dumps({"machine": machine(), "model": ARGS.model})]
+    print("\n".join(lines))
+    if ARGS.out:
+        with open(ARGS.out, "a") as fh:
+            fh.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--cases", default="1,8,64,longtail")
+    parser.add_argument("--arms", default="plain,rs:3,rs:auto")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--task", default="math")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--out")
+    ARGS = parser.parse_args()
+    main()
