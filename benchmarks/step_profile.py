@@ -26,8 +26,6 @@ from contextlib import contextmanager
 
 import torch
 
-from common import machine, median
-
 from bebop.engine import refresh_log, speculative
 from bebop.engine.generate import generate
 from bebop.engine.speculative import speculative_generate
@@ -36,6 +34,8 @@ from bebop.model.mtp import MTPHead
 from bebop.policy import load_policy
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
+
+from common import machine, median
 
 plain_module = importlib.import_module("bebop.engine.generate")  # the module (bebop.engine.generate is the function)
 
