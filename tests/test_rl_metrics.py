@@ -37,7 +37,7 @@ def test_length_percentiles_on_a_long_tail():
 def test_step_metrics_log_response_lengths_in_policy_tokens():
     rollouts = [rollout(n) for n in (5, 5, 5, 5, 5, 5, 5, 20)] + [rollout(12, n_env=40), rollout(40)]
     batch = RolloutBatch(rollouts, 2, 0, 0, 1.0, None, 1.0, 0.5)
-    stats = TrainStats(loss=0.0, pg_loss=0.0, kl=0.0, clip_frac=0.0, is_weight_mean=1.0, is_truncated_frac=0.0,
+    stats = TrainStats(loss=0.0, pg_loss=0.0, kl=0.0, clip_frac=0.0, is_weight_mean=1.0, is_truncated_frac=0.0, sampler_kl=0.0,
                        train_entropy=0.5, grad_norm=0.1, optimizer_steps=1)
     m = step_metrics(1, Fetched(batch, 0, 0.0), stats, 0, None, 0.1, 1.0, False)
     row = dataclasses.asdict(m)

@@ -220,7 +220,7 @@ def test_step_metrics_carry_the_loss_terms_and_the_cut_responses():
     rollouts = [Rollout([1], [5] * n, [0.0] * n, [True] * n, 0.0, 0, truncated=cut)
                 for n, cut in [(4, False), (8, True), (2, False), (8, True)]]
     batch = RolloutBatch(rollouts, 2, 0, 0, 1.0, None, 0.0, 0.0)
-    stats = TrainStats(loss=0.5, pg_loss=0.4, kl=0.1, clip_frac=0.25, is_weight_mean=0.9, is_truncated_frac=0.125,
+    stats = TrainStats(loss=0.5, pg_loss=0.4, kl=0.1, clip_frac=0.25, is_weight_mean=0.9, is_truncated_frac=0.125, sampler_kl=0.0,
                        train_entropy=1.0, grad_norm=2.0, optimizer_steps=2)
     m = step_metrics(1, Fetched(batch, 0, 0.0), stats, 0, None, 1.0, 2.0, False)
     assert (m.pg_loss, m.is_truncated_frac, m.clip_frac, m.optimizer_steps) == (0.4, 0.125, 0.25, 2)

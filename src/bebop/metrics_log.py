@@ -47,7 +47,10 @@ def require_tensorboard():
 
 
 def _rounded(value: Any) -> Any:
-    return round(value, 6) if isinstance(value, float) else value
+    """Six decimals; a small value (a bfloat16 sampler's KL, ~1e-7) six significant digits instead of 0."""
+    if not isinstance(value, float):
+        return value
+    return round(value, 6) if abs(value) >= 1e-3 else float(f"{value:.6g}")
 
 
 class MetricsLog:

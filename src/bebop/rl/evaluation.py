@@ -12,6 +12,8 @@ rollout thread keeps the other).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from bebop.policy import Policy
@@ -32,7 +34,8 @@ class Evaluator:
 
     def run(self, policy: Policy) -> tuple[float, float]:
         """-> (mean reward, pass rate) over every row."""
-        cfg, model = self.cfg, policy.model
+        cfg, model = self.cfg, self.engine.engine(policy.model)  # the rollouts' model (--rollout-dtype)
+        policy = replace(policy, model=model)
         generator = torch.Generator(device=model.device).manual_seed(cfg.seed)
         was_training = model.training
         model.eval()

@@ -97,6 +97,7 @@ class GRPOLossOutput:
     is_weight_mean: float
     is_truncated_frac: float  # share of policy tokens whose IS weight hit the cap
     num_tokens: int
+    sampler_kl: float = 0.0  # k3 KL(sampler || trainer) over policy tokens: what the IS weight corrects
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -120,6 +121,7 @@ def grpo_loss(inputs: GRPOLossInputs, *, clip_eps: float, kl_coef: float = 0.0, 
         loss = pg + kl_coef * kl
     with torch.no_grad():
         was_clipped = ((ratio - clipped).abs() > 0).float()
+        sampler_kl = masked_mean(k3_kl(inputs.sampler_logprobs, inputs.old_logprobs), mask)  # samples are the sampler's
         return GRPOLossOutput(loss, pg.item(), kl.item(), masked_mean(was_clipped, mask).item(),
                               masked_mean(weight, mask).item(), masked_mean((weight >= is_cap).float(), mask).item(),
-                              int(mask.sum().item()))
+                              int(mask.sum().item()), sampler_kl.item())

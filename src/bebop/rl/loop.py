@@ -141,7 +141,7 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
         **length_percentiles([r.num_policy_tokens for r in b.rollouts]),
         truncated_frac=sum(r.truncated for r in b.rollouts) / len(b.rollouts),
         loss=stats.loss, pg_loss=stats.pg_loss, kl=stats.kl, clip_frac=stats.clip_frac,
-        is_weight_mean=stats.is_weight_mean, is_truncated_frac=stats.is_truncated_frac,
+        is_weight_mean=stats.is_weight_mean, is_truncated_frac=stats.is_truncated_frac, sampler_kl=stats.sampler_kl,
         optimizer_steps=stats.optimizer_steps, drafter_alarm=alarm, grad_norm=stats.grad_norm,
         mtp_loss=mtp.loss if mtp is not None else None,
         mtp_acceptance_per_depth=mtp.acceptance_per_depth if mtp is not None else [])

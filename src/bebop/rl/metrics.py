@@ -44,6 +44,7 @@ class StepMetrics:
     clip_frac: float = 0.0  # share of policy tokens whose PPO ratio was clipped (0 with one optimizer step)
     is_weight_mean: float = 1.0
     is_truncated_frac: float = 0.0  # share of policy tokens whose importance weight hit is_cap
+    sampler_kl: float = 0.0  # k3 KL(sampler || trainer) over policy tokens (--rollout-dtype bfloat16: > 0)
     optimizer_steps: int = 1  # ppo_epochs x mini_batches
     drafter_alarm: bool = False  # the head's acceptance fell below its baseline (rl/drafter_alarm.py)
     grad_norm: float = 0.0

@@ -23,6 +23,7 @@ from bebop.engine.speculative import AUTO, speculative_rollout_fn
 from bebop.engine.step_costs import step_costs
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
+from bebop.precision import ROLLOUT_DTYPES
 from bebop.rl.config import RLConfig
 from bebop.rl.records import Rollout, RolloutBatch
 from bebop.rollout import encode_prompts, run_episodes, summarize
@@ -39,7 +40,29 @@ class RolloutSampler:
         self.task, self.codec, self.cfg = task, policy.codec, cfg
         self.generation_stop_ids = policy.generation_stop_ids
         self.controller: AdaptiveK | None = None
+        self.rollout_copy: CausalLM | None = None  # the model in --rollout-dtype, when it is not the trainer's
         self.drafting_suspended = False  # set while the drafter alarm is up (rl/drafter_alarm.py)
+
+    def __getstate__(self) -> dict:
+        """A sampler travels to Ray workers without its rollout copy (each worker makes its own)."""
+        return {**self.__dict__, "rollout_copy": None}
+
+    def engine(self, model: CausalLM) -> CausalLM:
+        """The model rollouts run on: `model` itself, or its copy in --rollout-dtype with `model`'s weights now."""
+        dtype = ROLLOUT_DTYPES[self.cfg.rollout_dtype]
+        if model.dtype == dtype:
+            return model
+        with torch.no_grad():
+            if self.rollout_copy is None:
+                state = {name: t.detach().to(dtype) if t.is_floating_point() else t.detach().clone()
+                         for name, t in model.state_dict().items()}
+                self.rollout_copy = CausalLM.from_state_dict(model.config, state).to(model.device).eval()
+                self.rollout_copy.requires_grad_(False)
+            else:
+                weights = model.state_dict()
+                for name, t in self.rollout_copy.state_dict().items():
+                    t.copy_(weights[name])  # cast to the copy's dtype
+        return self.rollout_copy
 
     def _controller(self, model: CausalLM, rows: int) -> AdaptiveK | None:
         """With --k auto, one controller for the run: its acceptance estimate follows the policy."""
@@ -75,6 +98,8 @@ class RolloutSampler:
 
     def collect(self, model: CausalLM, *, index: int, policy_version: int) -> RolloutBatch:
         cfg = self.cfg
+        t0 = time.perf_counter()  # rollout_s includes syncing the rollout copy
+        model = self.engine(model)
         policy = Policy(model, self.codec, generation_stop_ids=self.generation_stop_ids)  # stop ids: Policy.stop_ids
         problems = self.problems(index)
         sink: list[SpecMetrics] = []
@@ -83,7 +108,6 @@ class RolloutSampler:
         was_training = model.training
         model.eval()
         errors_before = self.reward_errors
-        t0 = time.perf_counter()
         episodes = run_episodes(policy, self.task, problems, sampling=cfg.sampling,
                                 max_new_tokens=cfg.max_new_tokens, generator=generator, batch_size=cfg.batch_size,
                                 generate_fn=generate_fn)

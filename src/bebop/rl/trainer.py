@@ -53,6 +53,7 @@ class TrainStats:
     clip_frac: float  # share of policy tokens whose ratio was clipped, over all steps of the update
     is_weight_mean: float
     is_truncated_frac: float
+    sampler_kl: float  # k3 KL(sampler || trainer) over policy tokens (a bfloat16 sampler's mismatch)
     train_entropy: float  # the trainer's entropy (warped as the sampler's) over policy tokens, before the update
     grad_norm: float  # mean pre-clip gradient norm over the optimizer steps
     optimizer_steps: int
@@ -182,5 +183,6 @@ def _summarise(updates: list[Update], train_entropy: float) -> TrainStats:
     mean = lambda get: sum(get(o) * o.num_tokens for o in outs) / tokens  # noqa: E731
     return TrainStats(loss=mean(lambda o: o.loss.item()), pg_loss=mean(lambda o: o.pg_loss), kl=mean(lambda o: o.kl),
                       clip_frac=mean(lambda o: o.clip_frac), is_weight_mean=mean(lambda o: o.is_weight_mean),
-                      is_truncated_frac=mean(lambda o: o.is_truncated_frac), train_entropy=train_entropy,
+                      is_truncated_frac=mean(lambda o: o.is_truncated_frac), sampler_kl=mean(lambda o: o.sampler_kl),
+                      train_entropy=train_entropy,
                       grad_norm=sum(u.grad_norm for u in updates) / len(updates), optimizer_steps=len(updates))
