@@ -65,3 +65,22 @@ def test_sampling_frequencies_follow_probs():
 def test_bad_params_are_clear_errors(kwargs, message):
     with pytest.raises(BebopError, match=message):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("u", [0.0, 0.5, 1.0 - 2.0 ** -53, 1.0])
+def test_inverse_cdf_never_picks_a_token_without_mass_even_at_the_extreme_uniforms(u, monkeypatch):
+    """sample draws one float64 uniform a row (issue 24); at u = 0, the largest u below 1 and u = 1 (where
+    u * mass rounds to the mass: the guard that stops at the last token with mass), tokens of mass 0
+    before, between and after the tokens with mass are never picked."""
+    probs = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0], [1e-30, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    real_rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: real_rand(shape, **kw).fill_(u))
+    tokens = sample(probs)
+    assert (probs.gather(1, tokens[:, None]) > 0).all()
+    assert tokens.tolist()[1:] == [5, 0]
+
+
+def test_sample_keeps_leading_dimensions():
+    probs = torch.softmax(torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(5)), dim=-1)
+    tokens = sample(probs, torch.Generator().manual_seed(6))
+    assert tokens.shape == (2, 3) and tokens.dtype == torch.int64 and int(tokens.max()) < 11

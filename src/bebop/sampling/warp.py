@@ -62,14 +62,20 @@ def to_host(columns: list[torch.Tensor], *checked: torch.Tensor) -> list[list[fl
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None, *, greedy: bool = False) -> torch.Tensor:
-    """probs (..., V) -> token ids (...) int64, one draw per row, by the exponential race
-    argmax_v p_v / E_v (E_v ~ Exp(1)), which needs no host sync and never picks p_v = 0.
+    """probs (..., V) -> token ids (...) int64, one draw per row by the inverse CDF: u ~ U[0, 1) (float64)
+    times the row's mass, then the first token whose float64 cumulative mass exceeds it. One uniform per
+    row instead of V exponentials (at V = 32k and 64 rows: 69 -> ~5 ms), no host sync; a token of mass 0
+    has an empty interval and is never picked, nor is any token past the last one with mass.
 
     `greedy=True` (probs are one-hot, from temperature 0) takes the argmax: same result, no draw."""
     if greedy:
         return probs.argmax(dim=-1)
-    noise = torch.empty_like(probs).exponential_(generator=generator)  # (..., V)
-    return race(probs, noise)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (..., V)
+    total = cdf[..., -1:].contiguous()  # (..., 1)
+    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device, generator=generator) * total  # (..., 1)
+    picked = torch.searchsorted(cdf, u, right=True)  # (..., 1): first index with cdf > u
+    last = torch.searchsorted(cdf, total)  # (..., 1): the first index reaching the total, the last with mass
+    return torch.minimum(picked, last).clamp_max(probs.shape[-1] - 1).squeeze(-1)  # (a NaN row: in range, caught later)
 
 
 def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
