@@ -130,7 +130,7 @@ def test_every_table_number_is_the_saved_value(demo):
         x = np.array([p["mean_entropy"] for p in pts])
         y = np.array([p["mean_acceptance_length"] for p in pts])
         slope, intercept = np.polyfit(x, y, 1)  # an independent least-squares fit
-        r2 = np.corrcoef(x, y)[0, 1] ** 2
+        r2 = np.corrcoef(x, y)[0, 1] ** 2 if np.ptp(y) > 0 else 1.0  # a flat line fits exactly (fit_line's r²)
         assert same(r["slope (per nat)"], slope) and same(r["intercept"], intercept) and same(r["r²"], r2)
         assert r["points"] == "3"
 
@@ -182,7 +182,8 @@ def _slope_cell(xs, ys, scale=1.0) -> str:
     slope, intercept = np.polyfit(x, y, 1)
     se = math.sqrt(((y - (intercept + slope * x)) ** 2).sum() / (len(x) - 2) / ((x - x.mean()) ** 2).sum())
     half = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}[len(x) - 2] * se
-    return f"{scale * slope:+.3f} [{scale * (slope - half):+.3f}, {scale * (slope + half):+.3f}]"
+    cell = lambda v: f"{0.0 if abs(v) < 1e-12 else v:+.3f}"  # noqa: E731 -- a flat line's slope is 0, not -1e-17
+    return f"{cell(scale * slope)} [{cell(scale * (slope - half))}, {cell(scale * (slope + half))}]"
 
 
 def test_online_and_rl_entropy_sections_are_the_saved_values(demo):

@@ -33,7 +33,8 @@ METRIC_KEYS = {"step", "reward", "pass_rate", "entropy", "mean_acceptance_length
 @pytest.mark.parametrize("mode,spec,mtp", [("sync", "rs", "tv"), ("async", "to", "none")])
 def test_steps_run_end_to_end_and_write_metrics(headed, tmp_path, digit_reward, mode, spec, mtp):
     run = tmp_path / "run"
-    summary = train_rl(run, rl_cfg(headed, mode=mode, spec=spec, k=2, mtp_update=mtp, steps=3), progress=False)
+    summary = train_rl(run, rl_cfg(headed, mode=mode, spec=spec, k=2, mtp_update=mtp, steps=3, batch_prompts=4),
+                       progress=False)
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
@@ -45,7 +46,9 @@ def test_steps_run_end_to_end_and_write_metrics(headed, tmp_path, digit_reward, 
         assert 0 < r["response_len_p50"] <= r["response_len_p90"] <= r["response_len_max"] <= 16
         assert 0 <= r["staleness"] <= 1
         assert (r["mtp_loss"] is None) == (mtp == "none")
-    assert any(r["grad_norm"] > 0 for r in rows)  # the digit reward gives nonzero advantages
+    # the digit reward gives nonzero advantages unless every group of 2 scores alike: each one does with
+    # probability ~1/2 on this random policy, all 12 of them about 2e-4 (4 prompts a step, 3 steps)
+    assert any(r["grad_norm"] > 0 for r in rows)
     if mode == "sync":
         assert [r["policy_version"] for r in rows] == [0, 1, 2] and all(r["staleness"] == 0 for r in rows)
     assert summary["policy_version"] == 3
