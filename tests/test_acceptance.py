@@ -24,14 +24,16 @@ from stats_helpers import ALPHA, grouped_chi2_pvalue
 # ---------------------------------------------------------------------------------------------
 
 
-def _race_one(weights: torch.Tensor, noise: torch.Tensor) -> int:
-    """weights (V,) >= 0, noise (V,) Exp(1) -> argmax over w > 0 of w / E (P(v) = w_v / sum w)."""
-    scores = weights / noise.to(weights.dtype)
-    scores[weights <= 0] = -1.0
-    return int(scores.argmax())
+def _inverse_cdf_one(weights: torch.Tensor, u: float) -> int:
+    """weights (V,) >= 0, u in [0, 1) -> the first token whose float64 cumulative weight exceeds u * sum(w),
+    never past the last token with weight (P(v) = w_v / sum w; a weight-0 token has an empty interval)."""
+    cdf = torch.cumsum(weights, 0, dtype=torch.float64).tolist()
+    target = u * cdf[-1]
+    last = max(i for i, w in enumerate(weights.tolist()) if w > 0)
+    return min(next((i for i, c in enumerate(cdf) if c > target), last), last)
 
 
-def reference_accept(rule, draft_tokens, draft_probs, target_probs, uniforms, noise):
+def reference_accept(rule, draft_tokens, draft_probs, target_probs, uniforms, final):
     """rule 'rs' or 'to'. Same arguments and return values as the package's pure functions."""
     batch, k = draft_tokens.shape
     tokens = torch.full((batch, k + 1), -1, dtype=torch.int64)
@@ -59,10 +61,10 @@ def reference_accept(rule, draft_tokens, draft_probs, target_probs, uniforms, no
                 residual[y] = 0.0  # p with the draft removed
             if not (residual > 0).any():
                 residual = p  # no residual mass: fall back to the target row
-            emitted.append(_race_one(residual, noise[b, d]))  # recovered token
+            emitted.append(_inverse_cdf_one(residual, float(final[b])))  # recovered token
             break
         else:
-            emitted.append(_race_one(target_probs[b, k].clone(), noise[b, k]))  # bonus token
+            emitted.append(_inverse_cdf_one(target_probs[b, k].clone(), float(final[b])))  # bonus token
         num_accepted[b] = len(emitted) - 1
         tokens[b, : len(emitted)] = torch.tensor(emitted)
     return tokens, num_accepted
@@ -72,8 +74,8 @@ def _draws(batch, k, vocab, seed):
     """Exactly the draws the public functions make (see the acceptance module docstring)."""
     g = torch.Generator().manual_seed(seed)
     uniforms = torch.rand((batch, k), dtype=torch.float64, generator=g)
-    noise = torch.empty((batch, k + 1, vocab), dtype=torch.float32).exponential_(generator=g)
-    return uniforms, noise
+    final = torch.rand((batch,), dtype=torch.float64, generator=g)
+    return uniforms, final
 
 
 def chain_pvalues(tokens, num_accepted, target_rows):
@@ -242,12 +244,12 @@ def test_zero_target_probability_never_accepted_even_with_zero_uniform():
     target_probs[:, :k].scatter_(-1, draft_tokens.unsqueeze(-1), 0.0)  # p_d(y_d) = 0 everywhere
     draft_probs = torch.softmax(torch.randn((batch, k, vocab), generator=g), -1)
     uniforms = torch.zeros((batch, k), dtype=torch.float64)  # the coin that bit SGLang (#35771)
-    noise = torch.empty((batch, k + 1, vocab)).exponential_(generator=g)
+    final = torch.rand((batch,), dtype=torch.float64, generator=g)
     for tokens, num in [
-        _rejection_sample_from(draft_tokens, draft_probs, target_probs, uniforms, noise),
+        _rejection_sample_from(draft_tokens, draft_probs, target_probs, uniforms, final),
         # q(y) = 0 as well: 0 * 0 < 0 is still false
-        _rejection_sample_from(draft_tokens, torch.zeros_like(draft_probs), target_probs, uniforms, noise),
-        _target_only_sample_from(draft_tokens, target_probs, uniforms, noise),
+        _rejection_sample_from(draft_tokens, torch.zeros_like(draft_probs), target_probs, uniforms, final),
+        _target_only_sample_from(draft_tokens, target_probs, uniforms, final),
     ]:
         assert (num == 0).all()
         assert (tokens[:, 1:] == -1).all()
@@ -273,12 +275,12 @@ def test_residual_without_mass_falls_back_to_target():
     g = torch.Generator().manual_seed(14)
     probs = warp_probs(torch.randn((batch, k + 1, vocab), generator=g), SamplingParams(top_k=3))
     draft_tokens = probs[:, :k].argmin(dim=-1)  # p = 0 there
-    uniforms, noise = _draws(batch, k, vocab, seed=15)
-    tokens, num = _rejection_sample_from(draft_tokens, probs[:, :k], probs, uniforms, noise)
+    uniforms, final = _draws(batch, k, vocab, seed=15)
+    tokens, num = _rejection_sample_from(draft_tokens, probs[:, :k], probs, uniforms, final)
     assert (num == 0).all()
     assert (probs[:, 0].gather(-1, tokens[:, :1]) > 0).all()
-    expected = (probs[:, 0] / noise[:, 0]).masked_fill(probs[:, 0] <= 0, -1.0).argmax(-1)
-    assert torch.equal(tokens[:, 0], expected)
+    expected = [_inverse_cdf_one(probs[b, 0], float(final[b])) for b in range(batch)]
+    assert tokens[:, 0].tolist() == expected
 
 
 @pytest.mark.parametrize("name", ["t0.7", "target_topk", "draft_topk_target_topp"])
@@ -329,27 +331,27 @@ def _ragged_batch(batch, k, vocab, seed, dtype):
 def test_batched_equals_per_row_loop(dtype):
     batch, k, vocab = 257, 4, 7
     draft_tokens, draft_probs, target_probs = _ragged_batch(batch, k, vocab, seed=21, dtype=dtype)
-    uniforms, noise = _draws(batch, k, vocab, seed=22)
+    uniforms, final = _draws(batch, k, vocab, seed=22)
 
-    got = _rejection_sample_from(draft_tokens, draft_probs, target_probs, uniforms, noise)
-    want = reference_accept("rs", draft_tokens, draft_probs, target_probs, uniforms, noise)
+    got = _rejection_sample_from(draft_tokens, draft_probs, target_probs, uniforms, final)
+    want = reference_accept("rs", draft_tokens, draft_probs, target_probs, uniforms, final)
     assert set(want[1].tolist()) == set(range(k + 1)), "want ragged acceptance: every count 0..K"
     assert torch.equal(got[1], want[1])
     assert torch.equal(got[0], want[0])
 
     greedy = draft_probs.argmax(dim=-1)
-    got = _target_only_sample_from(greedy, target_probs, uniforms, noise)
-    want = reference_accept("to", greedy, None, target_probs, uniforms, noise)
+    got = _target_only_sample_from(greedy, target_probs, uniforms, final)
+    want = reference_accept("to", greedy, None, target_probs, uniforms, final)
     assert len(want[1].unique()) >= 3
     assert torch.equal(got[1], want[1])
     assert torch.equal(got[0], want[0])
 
     # The public functions make exactly the documented draws.
     got = rejection_sample(draft_tokens, draft_probs, target_probs, generator=torch.Generator().manual_seed(22))
-    want = reference_accept("rs", draft_tokens, draft_probs, target_probs, uniforms, noise)
+    want = reference_accept("rs", draft_tokens, draft_probs, target_probs, uniforms, final)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     got = target_only_sample(greedy, target_probs, generator=torch.Generator().manual_seed(22))
-    want = reference_accept("to", greedy, None, target_probs, uniforms, noise)
+    want = reference_accept("to", greedy, None, target_probs, uniforms, final)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 

@@ -29,18 +29,18 @@ Rules (both lossless: emitted tokens are distributed exactly as sampling from th
     p_d == q_d up to rounding, where rejection has probability 0; TO: only when p_d is a point
     mass on y_d), the recovered token is drawn from p_d instead.
 
-Random draws (exactly two generator calls, in this order; shapes depend only on B, K, V):
+Random draws (exactly two generator calls, in this order; shapes depend only on B and K):
 
-    uniforms = torch.rand((B, K), dtype=float64, generator=g, device=dev)          # u_d
-    noise    = -log(1 - torch.rand((B, K+1, V), dtype=float64, generator=g, device=dev)) as float32  # Exp(1)
+    uniforms = torch.rand((B, K), dtype=float64, generator=g, device=dev)   # u_d
+    final    = torch.rand((B,), dtype=float64, generator=g, device=dev)     # the emitted token's draw
 
-A token is drawn from a non-negative, possibly unnormalised weight row w (V,) by the exponential
-race argmax_v w_v / E_v with E_v ~ Exp(1) iid (equivalent to the Gumbel-max trick), so
-P(v) = w_v / sum(w). noise[b, d] serves the recovered token at depth d+1 (d < K) and noise[b, K]
-the bonus token. Entries with w_v = 0 are never chosen (masked, so E_v = 0 cannot pick them).
-Every candidate is computed for every depth, then the one at num_accepted is selected, so there is
-no data-dependent Python branching and no host synchronisation: the batched functions equal a
-per-row loop given the same draws (the loop reference lives in tests/test_acceptance.py).
+Only one recovered or bonus token per row is ever emitted, at position num_accepted: its weight row
+(the residual at the first rejected depth, or p_{K+1} after K accepts) is gathered, and the token is
+drawn from it by the inverse CDF (`inverse_cdf`: the first token whose float64 cumulative weight exceeds
+final * sum(w)), so P(v) = w_v / sum(w) and an entry with w_v = 0 is never chosen. No (B, K+1, V) noise
+or residual is made (vLLM's sampler draws the recovered token the same way, one draw per request), there
+is no data-dependent Python branching and no host synchronisation: the batched functions equal a per-row
+loop given the same draws (the loop reference lives in tests/test_acceptance.py).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 
 from bebop.errors import BebopError
-from bebop.sampling.warp import race
+from bebop.sampling.warp import inverse_cdf
 
 __all__ = ["rejection_sample", "target_only_sample"]
 
@@ -70,9 +70,9 @@ def rejection_sample(
     draft_tokens (B, K) int64, draft_probs (B, K, V), target_probs (B, K+1, V) ->
     (tokens (B, K+1) int64 with -1 padding, num_accepted (B,) int64 in [0, K]).
     """
-    batch, k, vocab = _validate(draft_tokens, target_probs, draft_probs)
-    uniforms, noise = _draw(batch, k, vocab, target_probs.device, generator)
-    return _rejection_sample_from(draft_tokens, draft_probs, target_probs, uniforms, noise)
+    batch, k, _ = _validate(draft_tokens, target_probs, draft_probs)
+    uniforms, final = _draw(batch, k, target_probs.device, generator)
+    return _rejection_sample_from(draft_tokens, draft_probs, target_probs, uniforms, final)
 
 
 def target_only_sample(
@@ -86,25 +86,16 @@ def target_only_sample(
     draft_tokens (B, K) int64, target_probs (B, K+1, V) ->
     (tokens (B, K+1) int64 with -1 padding, num_accepted (B,) int64 in [0, K]).
     """
-    batch, k, vocab = _validate(draft_tokens, target_probs, None)
-    uniforms, noise = _draw(batch, k, vocab, target_probs.device, generator)
-    return _target_only_sample_from(draft_tokens, target_probs, uniforms, noise)
+    batch, k, _ = _validate(draft_tokens, target_probs, None)
+    uniforms, final = _draw(batch, k, target_probs.device, generator)
+    return _target_only_sample_from(draft_tokens, target_probs, uniforms, final)
 
 
-def _draw(
-    batch: int, k: int, vocab: int, device: torch.device, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The only randomness: uniforms (B, K) float64, then exponential noise (B, K+1, V) float32."""
+def _draw(batch: int, k: int, device: torch.device, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The only randomness: uniforms (B, K) float64, then one final uniform (B,) float64 per row."""
     uniforms = torch.rand((batch, k), dtype=torch.float64, device=device, generator=generator)  # (B, K)
-    noise = exponential_noise((batch, k + 1, vocab), device, generator)  # (B, K+1, V)
-    return uniforms, noise
-
-
-def exponential_noise(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
-    """Exp(1) draws (float32) as -log(1 - U), U ~ U[0, 1) in float64: the inverse CDF at double precision,
-    as `exponential_` computes it, in half its time on the CPU (64 x 4 x 32k: 304 -> 155 ms)."""
-    uniforms = torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
-    return uniforms.neg_().log1p_().neg_().float()
+    final = torch.rand((batch,), dtype=torch.float64, device=device, generator=generator)  # (B,)
+    return uniforms, final
 
 
 def _validate(
@@ -151,61 +142,65 @@ def _rejection_sample_from(
     draft_probs: torch.Tensor,  # (B, K, V)
     target_probs: torch.Tensor,  # (B, K+1, V)
     uniforms: torch.Tensor,  # (B, K) float64 in [0, 1)
-    noise: torch.Tensor,  # (B, K+1, V) Exp(1)
+    final: torch.Tensor,  # (B,) float64 in [0, 1)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RS with injected draws. Returns (tokens (B, K+1) int64, num_accepted (B,) int64)."""
     k = draft_tokens.shape[1]
     dtype = torch.promote_types(draft_probs.dtype, target_probs.dtype)
-    p = target_probs[:, :k].to(dtype)  # (B, K, V) p_1..p_K
-    q = draft_probs.to(dtype)  # (B, K, V)
     index = draft_tokens.unsqueeze(-1)  # (B, K, 1)
-    p_draft = p.gather(-1, index).squeeze(-1).double()  # (B, K) p_d(y_d)
-    q_draft = q.gather(-1, index).squeeze(-1).double()  # (B, K) q_d(y_d)
-    accepted = uniforms.double() * q_draft < p_draft  # (B, K) bool, strict
-    residual = (p - q).clamp_min(0.0)  # (B, K, V) unnormalised max(0, p - q)
-    return _finish(draft_tokens, accepted, residual, target_probs, noise)
+    p_draft = target_probs[:, :k].gather(-1, index).squeeze(-1).to(dtype).double()  # (B, K) p_d(y_d)
+    q_draft = draft_probs.gather(-1, index).squeeze(-1).to(dtype).double()  # (B, K) q_d(y_d)
+    num_accepted = _accepted_prefix(uniforms.double() * q_draft < p_draft)  # strict
+    at = num_accepted.clamp_max(k - 1)  # (B,) the first rejected depth (a placeholder after K accepts)
+    p_at = _row_at(target_probs, at).to(dtype)  # (B, V) p_d at that depth
+    residual = (p_at - _row_at(draft_probs, at).to(dtype)).clamp_min(0.0)  # (B, V) unnormalised max(0, p - q)
+    return _finish(draft_tokens, num_accepted, residual, p_at, target_probs, final)
 
 
 def _target_only_sample_from(
     draft_tokens: torch.Tensor,  # (B, K) int64
     target_probs: torch.Tensor,  # (B, K+1, V)
     uniforms: torch.Tensor,  # (B, K) float64 in [0, 1)
-    noise: torch.Tensor,  # (B, K+1, V) Exp(1)
+    final: torch.Tensor,  # (B,) float64 in [0, 1)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TO with injected draws. Returns (tokens (B, K+1) int64, num_accepted (B,) int64)."""
     k = draft_tokens.shape[1]
-    p = target_probs[:, :k]  # (B, K, V) p_1..p_K
-    index = draft_tokens.unsqueeze(-1)  # (B, K, 1)
-    p_draft = p.gather(-1, index).squeeze(-1).double()  # (B, K) p_d(y_d)
-    accepted = uniforms.double() < p_draft  # (B, K) bool, strict
-    residual = p.scatter(-1, index, 0.0)  # (B, K, V) p_d with y_d removed, unnormalised
-    return _finish(draft_tokens, accepted, residual, target_probs, noise)
+    p_draft = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()  # (B, K) p_d(y_d)
+    num_accepted = _accepted_prefix(uniforms.double() < p_draft)  # strict
+    at = num_accepted.clamp_max(k - 1)  # (B,)
+    p_at = _row_at(target_probs, at)  # (B, V)
+    residual = p_at.scatter(-1, draft_tokens.gather(1, at[:, None]), 0.0)  # (B, V) p_d with y_d removed
+    return _finish(draft_tokens, num_accepted, residual, p_at, target_probs, final)
+
+
+def _accepted_prefix(accepted: torch.Tensor) -> torch.Tensor:
+    """accepted (B, K) bool, the test at every depth -> (B,) int64: accepted drafts before the first rejection."""
+    return accepted.long().cumprod(dim=1).sum(dim=1)
+
+
+def _row_at(rows: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """rows (B, D, V), at (B,) int64 -> (B, V): each batch row's row at its own depth index."""
+    return rows.gather(1, at[:, None, None].expand(-1, 1, rows.shape[-1])).squeeze(1)
 
 
 def _finish(
     draft_tokens: torch.Tensor,  # (B, K) int64
-    accepted: torch.Tensor,  # (B, K) bool: the acceptance test at every depth
-    residual: torch.Tensor,  # (B, K, V) unnormalised recovery weights per depth
+    num_accepted: torch.Tensor,  # (B,) int64 in [0, K]
+    residual: torch.Tensor,  # (B, V) unnormalised recovery weights at the first rejected depth
+    p_at: torch.Tensor,  # (B, V) the target row at that depth (the fallback when the residual has no mass)
     target_probs: torch.Tensor,  # (B, K+1, V)
-    noise: torch.Tensor,  # (B, K+1, V) Exp(1)
+    final: torch.Tensor,  # (B,) float64 in [0, 1)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shared tail: stop at the first rejection, pick recovered/bonus token, pad with -1."""
+    """Shared tail: draw the recovered (first rejection) or bonus (K accepts) token, pad with -1."""
     batch, k = draft_tokens.shape
-    # Accepted prefix: a rejection at depth d masks every later depth.
-    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # (B,) int64 in [0, K]
-
-    # Recovery weights, falling back to p_d where the residual has no mass.
-    p = target_probs[:, :k].to(residual.dtype)  # (B, K, V)
-    has_mass = (residual > 0).any(dim=-1, keepdim=True)  # (B, K, 1)
-    recover = torch.where(has_mass, residual, p)  # (B, K, V)
-    weights = torch.cat([recover, target_probs[:, k:].to(residual.dtype)], dim=1)  # (B, K+1, V)
-
-    # Candidate recovered (d < K) / bonus (d = K) token at every position; keep one per row.
-    candidates = race(weights, noise)  # (B, K+1) int64
-    final = candidates.gather(1, num_accepted.unsqueeze(1))  # (B, 1)
+    has_mass = (residual > 0).any(dim=-1, keepdim=True)  # (B, 1)
+    recover = torch.where(has_mass, residual, p_at.to(residual.dtype))  # (B, V)
+    bonus = target_probs[:, k].to(residual.dtype)  # (B, V) p_{K+1}
+    weights = torch.where((num_accepted == k)[:, None], bonus, recover)  # (B, V)
+    emitted = inverse_cdf(weights, final)  # (B,) int64
 
     positions = torch.arange(k + 1, device=draft_tokens.device).unsqueeze(0)  # (1, K+1)
     drafts_padded = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)  # (B, K+1)
     n = num_accepted.unsqueeze(1)  # (B, 1)
-    tokens = torch.where(positions < n, drafts_padded, torch.where(positions == n, final, -1))  # (B, K+1)
+    tokens = torch.where(positions < n, drafts_padded, torch.where(positions == n, emitted[:, None], -1))  # (B, K+1)
     return tokens, num_accepted

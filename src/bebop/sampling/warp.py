@@ -62,30 +62,26 @@ def to_host(columns: list[torch.Tensor], *checked: torch.Tensor) -> list[list[fl
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None, *, greedy: bool = False) -> torch.Tensor:
-    """probs (..., V) -> token ids (...) int64, one draw per row by the inverse CDF: u ~ U[0, 1) (float64)
-    times the row's mass, then the first token whose float64 cumulative mass exceeds it. One uniform per
-    row instead of V exponentials (at V = 32k and 64 rows: 69 -> ~5 ms), no host sync; a token of mass 0
-    has an empty interval and is never picked, nor is any token past the last one with mass.
+    """probs (..., V) -> token ids (...) int64, one draw per row by the inverse CDF (`inverse_cdf`) with one
+    float64 uniform a row instead of V exponentials (at V = 32k and 64 rows: 69 -> ~15 ms), no host sync.
 
     `greedy=True` (probs are one-hot, from temperature 0) takes the argmax: same result, no draw."""
     if greedy:
         return probs.argmax(dim=-1)
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (..., V)
+    uniforms = torch.rand(probs.shape[:-1], dtype=torch.float64, device=probs.device, generator=generator)  # (...)
+    return inverse_cdf(probs, uniforms)
+
+
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """weights (..., V) >= 0 unnormalised, uniforms (...) float64 in [0, 1) -> token ids (...) int64 with
+    P(v) = w_v / sum(w): the first token whose float64 cumulative weight exceeds u * sum(w). A token of weight 0
+    has an empty interval and is never picked, nor is any token past the last one with weight (u * sum(w) can
+    round up to sum(w)); a row with NaN gives an index in range, the finiteness check reports it."""
+    cdf = weights.cumsum(dim=-1, dtype=torch.float64)  # (..., V)
     total = cdf[..., -1:].contiguous()  # (..., 1)
-    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device, generator=generator) * total  # (..., 1)
-    picked = torch.searchsorted(cdf, u, right=True)  # (..., 1): first index with cdf > u
-    last = torch.searchsorted(cdf, total)  # (..., 1): the first index reaching the total, the last with mass
-    return torch.minimum(picked, last).clamp_max(probs.shape[-1] - 1).squeeze(-1)  # (a NaN row: in range, caught later)
-
-
-def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """weights (..., V) >= 0 unnormalised, noise (..., V) Exp(1) -> argmax_v w_v / E_v (...) int64.
-
-    P(v) = w_v / sum(w). Zero-weight entries are masked to -1 so they can never win (not even
-    with E_v = 0, where 0 / 0 = NaN would otherwise be picked by argmax)."""
-    scores = weights / noise.to(weights.dtype)  # (..., V)
-    scores = scores.masked_fill(weights <= 0, -1.0)  # (..., V)
-    return scores.argmax(dim=-1)
+    picked = torch.searchsorted(cdf, uniforms[..., None] * total, right=True)  # (..., 1): first index with cdf > u
+    last = torch.searchsorted(cdf, total)  # (..., 1): the first index reaching the total, the last with weight
+    return torch.minimum(picked, last).clamp_max(weights.shape[-1] - 1).squeeze(-1)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
