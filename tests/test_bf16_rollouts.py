@@ -1,57 +1,19 @@
-"""bfloat16 rollouts (issue 24, part 4): losslessness in the sampler's own dtype (T=0 equals greedy of the
-same dtype; sampled output follows the bf16 target exactly), and `rl --rollout-dtype bfloat16`: the
-sampler runs a bfloat16 copy synced from the float32 trainer every batch, whose mismatch the truncated
-importance weight corrects and `sampler_kl` reports."""
+"""bfloat16 rollouts (issue 24, part 4): `rl --rollout-dtype bfloat16` samples from a bfloat16 copy synced
+from the float32 trainer every batch, whose mismatch the truncated importance weight corrects and
+`sampler_kl` reports. Losslessness and T=0 in bfloat16: tests/test_speculative.py (its dtype_model)."""
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
 
 from bebop.cli import main
-from bebop.engine import generate
-from bebop.engine import speculative as spec
 from bebop.policy import load_policy
 from bebop.rl import train_rl
 from bebop.rl.sampler import RolloutSampler
-from bebop.sampling import SamplingParams, warp_probs
 from bebop.tasks import get_task
 
-from conftest import CHAR_CODEC
 from rl_helpers import read_metrics, rl_cfg
-from spec_helpers import EOS, PROMPTS, ids_of, mixture_drafter
-from stats_helpers import assert_follows
-
-
-@pytest.fixture(scope="module")
-def bf16_model(spec_model):
-    return copy.deepcopy(spec_model).to(torch.bfloat16)
-
-
-@pytest.mark.parametrize("mode", ["rs", "to"])
-def test_bf16_greedy_speculation_equals_bf16_greedy(bf16_model, mode):
-    prompts = ids_of(PROMPTS)
-    ref = generate(bf16_model, prompts, max_new_tokens=40, sampling=SamplingParams(0.0), stop_ids=[EOS])
-    gens, metrics = spec.speculative_generate(bf16_model, prompts, k=3, mode=mode, max_new_tokens=40,
-                                              sampling=SamplingParams(0.0), stop_ids=[EOS])
-    assert [g.token_ids for g in gens] == [r.token_ids for r in ref] and metrics.num_drafts > 0
-
-
-def test_bf16_sampled_output_is_lossless(bf16_model, monkeypatch):
-    """As test_speculative's end-to-end check, on the bfloat16 model against its own (bf16) target: the
-    first token by a chi-square test at alpha = 1e-6 (false-failure probability about 1e-6)."""
-    params = SamplingParams(1.5, top_k=8)
-    prompt = CHAR_CODEC.encode("hello")
-    n = 4000
-    monkeypatch.setattr(spec, "_draft", mixture_drafter(bf16_model, [prompt] * n, params))
-    gens, metrics = spec.speculative_generate(bf16_model, [prompt] * n, k=2, mode="rs", max_new_tokens=2,
-                                              sampling=params, generator=torch.Generator().manual_seed(0))
-    assert 0.5 < metrics.acceptance_rate < 0.98
-    with torch.no_grad():
-        p1 = warp_probs(bf16_model.logits(bf16_model(torch.tensor([prompt])))[0, -1], params)  # (V,)
-    assert_follows(torch.tensor([g.token_ids[0] for g in gens]), p1)
 
 
 def test_the_sampler_runs_a_bf16_copy_synced_every_batch(headed):

@@ -14,9 +14,8 @@ from bebop.chat import ChatTemplate, load_chat_template, parse_template_kwargs, 
 from bebop.errors import BebopError
 from bebop.model.checkpoint import load_model
 from bebop.model.qwen3 import CausalLM
+from bebop.precision import DTYPES
 from bebop.tokenizer import TextCodec, load_tokenizer
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass

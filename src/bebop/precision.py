@@ -19,7 +19,7 @@ import torch
 from bebop.errors import BebopError
 
 TRAIN_DTYPES = ("float32", "bfloat16")
-ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what the sampler may run in
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what a model may be loaded or sampled in
 
 
 def check_train_dtype(name: str) -> str:

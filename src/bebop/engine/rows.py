@@ -32,10 +32,6 @@ class RowBook:
     def all_done(self) -> bool:
         return all(row.done for row in self.rows)
 
-    def generating(self, rows: Sequence[int]) -> int:
-        """How many of `rows` are still generating (finished rows may ride along in a batch)."""
-        return sum(not self.rows[b].done for b in rows)
-
     def emit(self, b: int, tokens: Sequence[int], logprobs: Sequence[float], entropies: Sequence[float]) -> int:
         """Record a step's tokens for row b; return how many were kept (<= len(tokens)). A row already
         done (riding along until the batch compacts) keeps nothing and counts no forward.

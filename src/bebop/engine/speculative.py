@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.generate import cache_capacity, check_prompts, pad_chunk, rows_to_keep
+from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, rows_to_keep
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.records import Generation
 from bebop.engine.refresh_log import RefreshLog
@@ -181,7 +181,7 @@ class _Run:
 
     def step(self) -> None:
         t0 = time.perf_counter()
-        generating = self.book.generating(self.live)  # the live batch's rows less the finished riding along
+        generating = len(live_rows(self.book, self.live))  # the live batch less the finished riding along
         pending = [self.book.pending[row] for row in self.live]
         logged = self.log.counts
         can_draft = [len(p) == 1 and c > 0 for p, c in zip(pending, logged)]  # the last token only, history logged

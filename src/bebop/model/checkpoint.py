@@ -138,11 +138,11 @@ def _expected_hf_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
     return to_hf_state(names, model.config)
 
 
-def checked_state(skeleton: CausalLM, model_dir: Path, found: dict[str, torch.Tensor],
-                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """`found` (Hugging Face names) checked against every tensor `skeleton` needs (names, shapes),
-    cast to `dtype` -> a state dict in bebop's names. Tensors it does not need are not read."""
-    state = _check_and_cast(_expected_hf_tensors(skeleton), found, model_dir, dtype)
+def checked_state(skeleton: CausalLM, expected: dict[str, torch.Tensor], model_dir: Path,
+                  found: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`found` (Hugging Face names) checked against `expected`, every tensor `skeleton` needs (names, shapes:
+    _expected_hf_tensors), cast to `dtype` -> a state dict in bebop's names. Tensors it does not need are not read."""
+    state = _check_and_cast(expected, found, model_dir, dtype)
     fused = [k for k in skeleton.state_dict() if _split_name(k)]
     return from_hf_state(state, fused, skeleton.config)
 
@@ -168,8 +168,9 @@ def load_model(model_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float
                          "but the checkpoint holds no mtp.* tensors")
     with torch.device("meta"):
         skeleton = CausalLM(cfg)  # names and shapes only
-    model = CausalLM.from_state_dict(cfg, checked_state(skeleton, model_dir, found, dtype), strict=False)
-    used = {file_name(name, cfg) for name in _expected_hf_tensors(skeleton)}
+    expected = _expected_hf_tensors(skeleton)
+    model = CausalLM.from_state_dict(cfg, checked_state(skeleton, expected, model_dir, found, dtype), strict=False)
+    used = {file_name(name, cfg) for name in expected}
     model.stored = StoredLayout({name: t.dtype for name, t in raw.items()}, _carried(raw, used, model_dir),
                                 largest_shard(model_dir))
     return model.to(device).eval()

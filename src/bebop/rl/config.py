@@ -10,7 +10,7 @@ from bebop.chat import parse_template_kwargs
 from bebop.engine.speculative import check_spec_flags, parse_k
 from bebop.errors import BebopError
 from bebop.fields import opt, parse_switch
-from bebop.precision import ROLLOUT_DTYPES, TRAIN_DTYPES, check_train_dtype
+from bebop.precision import DTYPES, TRAIN_DTYPES, check_train_dtype
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
 
@@ -73,7 +73,7 @@ class RLConfig:
                      "and AdamW state; rollouts stay in the model's dtype)", choices=TRAIN_DTYPES)
     rollout_dtype: str = opt("float32", "the sampler's dtype: float32, or bfloat16 (a bfloat16 copy of the float32 "
                              "trainer's weights, synced every batch; the truncated importance weight corrects the "
-                             "difference, sampler_kl in metrics.jsonl measures it)", choices=ROLLOUT_DTYPES)
+                             "difference, sampler_kl in metrics.jsonl measures it)", choices=DTYPES)
     dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",
                               parse=parse_switch)
 
@@ -93,8 +93,8 @@ class RLConfig:
         if self.reward and not (self.data or self.eval_data):
             raise BebopError("--reward scores rows of --data or --eval-data; the generated tasks score themselves")
         check_train_dtype(self.dtype)
-        if self.rollout_dtype not in ROLLOUT_DTYPES:
-            raise BebopError(f"unknown --rollout-dtype {self.rollout_dtype!r}; choose from {', '.join(ROLLOUT_DTYPES)}")
+        if self.rollout_dtype not in DTYPES:
+            raise BebopError(f"unknown --rollout-dtype {self.rollout_dtype!r}; choose from {', '.join(DTYPES)}")
         parse_template_kwargs(self.chat_template_kwargs)
         for name in ("steps", "eval_every", "batch_prompts", "max_new_tokens", "save_every", "batch_size", "ppo_epochs",
                      "mini_batches"):

@@ -23,7 +23,7 @@ from bebop.engine.speculative import AUTO, speculative_rollout_fn
 from bebop.engine.step_costs import step_costs
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
-from bebop.precision import ROLLOUT_DTYPES
+from bebop.precision import DTYPES
 from bebop.rl.config import RLConfig
 from bebop.rl.records import Rollout, RolloutBatch
 from bebop.rollout import encode_prompts, run_episodes, summarize
@@ -49,7 +49,7 @@ class RolloutSampler:
 
     def engine(self, model: CausalLM) -> CausalLM:
         """The model rollouts run on: `model` itself, or its copy in --rollout-dtype with `model`'s weights now."""
-        dtype = ROLLOUT_DTYPES[self.cfg.rollout_dtype]
+        dtype = DTYPES[self.cfg.rollout_dtype]
         if model.dtype == dtype:
             return model
         with torch.no_grad():
