@@ -182,7 +182,7 @@ def _slope_cell(xs, ys, scale=1.0) -> str:
     slope, intercept = np.polyfit(x, y, 1)
     se = math.sqrt(((y - (intercept + slope * x)) ** 2).sum() / (len(x) - 2) / ((x - x.mean()) ** 2).sum())
     half = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}[len(x) - 2] * se
-    cell = lambda v: f"{0.0 if abs(v) < 1e-12 else v:+.3f}"  # noqa: E731 -- a flat line's slope is 0, not -1e-17
+    cell = lambda v: f"{round(v, 3) + 0.0:+.3f}"  # noqa: E731 -- a value rounding to zero prints +0.000, as the report
     return f"{cell(scale * slope)} [{cell(scale * (slope - half))}, {cell(scale * (slope + half))}]"
 
 

@@ -182,3 +182,13 @@ def test_report_rebuilds_a_loss_study_from_its_json(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("[1]")
     assert main(["report", str(tmp_path / "bad.json")]) == 2
     assert "is not a loss study's results" in capsys.readouterr().err
+
+
+def test_a_slope_that_rounds_to_zero_prints_plus_zero():
+    """A flat fit's float noise has either sign; the report prints it as +0.000 (the demo test's independent
+    fit would otherwise disagree on the sign of zero)."""
+    from bebop.study.report_format import signed3, slope_cell
+
+    assert [signed3(v) for v in (-1e-10, -4e-4, 0.0, -0.0, 6e-4, -6e-4)] == \
+        ["+0.000", "+0.000", "+0.000", "+0.000", "+0.001", "-0.001"]
+    assert slope_cell(-1e-17, -2e-12, 0.25) == "+0.000 [+0.000, +0.250]"

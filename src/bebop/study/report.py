@@ -16,7 +16,7 @@ from pathlib import Path
 from bebop.fileio import atomic_write_text
 from bebop.study.entropy_law import PAPER_SLOPES, LinearFit, fit_line
 from bebop.study.layout import DemoLayout
-from bebop.study.report_format import f3, missing, per_pos, table
+from bebop.study.report_format import f3, missing, per_pos, slope_cell, table
 from bebop.study.report_rl import section_online, section_rl, section_rl_entropy, write_rl_plots
 from bebop.study.results import MODE_NAMES, TV_LOSSES, DemoResults, load_results
 
@@ -154,7 +154,7 @@ def section_entropy_per_token(res: DemoResults) -> list[str]:
         s = p.get("first_draft_slope")
         slopes[(mode, loss)] = s
         rows.append([f"{MODE_NAMES[mode]} + {loss}", f"{p['temperature']:g}",
-                     f"{s['slope']:+.3f} [{s['low']:+.3f}, {s['high']:+.3f}]" if s else "n/a", str(s["n"]) if s else "0",
+                     slope_cell(s["slope"], s["low"], s["high"]) if s else "n/a", str(s["n"]) if s else "0",
                      ", ".join(f3(b["per_depth"][0]["rate"]) for b in p["entropy_bins"])])
     lines += ["Every verified first draft at the loss table's temperature, binned by the target's entropy at its "
               "position (quantile bins). Slope: least squares of the 0/1 acceptance on entropy over the drafts "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bebop.study.entropy_law import LinearFit, slope_interval
-from bebop.study.report_format import f2, f3, missing, per_pos, table
+from bebop.study.report_format import f2, f3, missing, per_pos, slope_cell, table
 from bebop.study.results import BASELINE_RUN, DemoResults, RLRun, base_run, online_strategy
 
 
@@ -164,7 +164,7 @@ def section_online(res: DemoResults) -> list[str]:
             rows.append([run.name, online_strategy(run.name), str(len(drafted)), per_pos(per(first)), per_pos(per(last)),
                          f"{f3(_mean(first, lambda r: r['mean_acceptance_length']))} / "
                          f"{f3(_mean(last, lambda r: r['mean_acceptance_length']))}",
-                         f"{10 * trend[0].slope:+.3f} [{10 * trend[1]:+.3f}, {10 * trend[2]:+.3f}]" if trend else "n/a",
+                         slope_cell(10 * trend[0].slope, 10 * trend[1], 10 * trend[2]) if trend else "n/a",
                          f"{f3(_mean(first, lambda r: r['entropy']))} / {f3(_mean(last, lambda r: r['entropy']))}",
                          f3(_mean(run.rows, lambda r: r["reward"]))])
     lines += table(["online run", "online MTP", "drafting steps", "per position, first", "per position, last",
@@ -200,7 +200,7 @@ def section_rl_entropy(res: DemoResults) -> list[str]:
 
 
 def _slope_cell(fit: tuple[LinearFit, float, float]) -> str:
-    return f"{fit[0].slope:+.3f} [{fit[1]:+.3f}, {fit[2]:+.3f}]"
+    return slope_cell(fit[0].slope, fit[1], fit[2])
 
 
 # ---- figures ---------------------------------------------------------------------------------------
