@@ -5,7 +5,8 @@
 Used by spec_vs_plain.py so that the engine before a change (a git worktree of an older commit)
 and after it run side by side in one benchmark. Loading and one warm-up run (which also profiles
 the step costs for --k auto) are not timed; then --repeats timed runs with distinct seeds. Prints one
-JSON line of medians (and the last run's k histogram).
+JSON line of medians (and the last run's k histogram), and the warm-up's seconds (with --compile on:
+the compile time, less one run).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--compile", default="off", help="on: compiled decoding steps (the warm-up compiles)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs (seeds seed..seed+repeats-1); medians")
     args = parser.parse_args()
     sys.path.insert(0, args.src)
@@ -43,6 +45,10 @@ def main() -> None:
 
     torch.set_num_threads(torch.get_num_threads())
     policy = load_policy(args.model, device="cpu")
+    if args.compile != "off":
+        from bebop.engine.compiled import compile_steps
+
+        compile_steps(policy.model, args.compile)
     prompts = [policy.codec.encode(text) for text in json.loads(open(args.prompts).read())]
     uniform = args.lengths == "uniform"
     common = dict(max_new_tokens=args.uniform_tokens if uniform else args.max_new_tokens,
@@ -59,7 +65,9 @@ def main() -> None:
         extra = {"max_k": args.max_k} if k == "auto" else {}
         return speculative_generate(policy.model, prompts, k=k, mode=args.spec, generator=generator, **extra, **common)
 
-    run(args.seed + 1000)  # warm-up
+    t0 = time.perf_counter()
+    run(args.seed + 1000)  # warm-up (with --compile on: compiles)
+    warmup_s = time.perf_counter() - t0
     timed = []
     for seed in range(args.seed, args.seed + args.repeats):
         t0 = time.perf_counter()
@@ -72,6 +80,7 @@ def main() -> None:
                       "metrics": metrics})
     out = {key: statistics.median(t[key] for t in timed) for key in ("seconds", "tokens", "tok_s", "len_p50",
                                                                      "len_max", "accept_len")}
+    out["warmup_s"] = warmup_s
     if metrics is not None and hasattr(metrics, "k_histogram"):
         out["k_histogram"] = metrics.to_dict()["k_histogram"]
     print(json.dumps(out))

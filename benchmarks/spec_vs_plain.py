@@ -8,7 +8,9 @@ DIR is a policy with a trained MTP head. A case is BATCH:LENGTHS (decode_worker.
 every row exactly --uniform-tokens with no stop, `longtail` = task prompts stopping at <eos>, up to
 384 new tokens: the RL config's lengths). An arm is `plain` or MODE:K. With --before REV the arms
 that REV's engine supports (plain and fixed K) also run on a git worktree of REV. Every (case, arm,
-engine) is a fresh process timed after a warm-up; the order rotates every run. Per case it prints
+engine) is a fresh process timed after a warm-up; the order rotates every run. An arm ending in
+`+compile` runs compiled steps (its warm-up compiles: `warmup_s`; compared with the eager arm of the
+same name as `vs_eager`). Per case it prints
 one JSON line: median tokens/s per arm and the median over runs of each run's ratio to plain
 decoding of the same engine (and, with --before, of each arm after / before).
 """
@@ -48,9 +50,12 @@ def run_arm(src: Path, model: str, prompts: Path, lengths: str, arm: str, args) 
     cmd = [sys.executable, str(HERE / "decode_worker.py"), "--src", str(src), "--model", model,
            "--prompts", str(prompts), "--lengths", lengths, "--temperature", str(args.temperature),
            "--uniform-tokens", str(args.uniform_tokens), "--max-k", str(args.max_k)]
+    arm, compiled = arm.removesuffix("+compile"), arm.endswith("+compile")
     if arm != "plain":
         mode, k = arm.split(":")
         cmd += ["--spec", mode, "--k", k]
+    if compiled:
+        cmd += ["--compile", "on"]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -71,7 +76,8 @@ def main() -> None:
     if args.before:
         engines["before"] = worktree(args.before)
     arms = args.arms.split(",")
-    jobs = [(eng, arm) for eng in engines for arm in arms if not (eng == "before" and arm.endswith(":auto"))]
+    jobs = [(eng, arm) for eng in engines for arm in arms
+            if not (eng == "before" and (arm.endswith(":auto") or arm.endswith("+compile")))]
     for case in args.cases.split(","):
         batch, lengths = case.split(":")
         prompts = write_prompts(args.model, args.task, int(batch), Path(tempfile.mkdtemp()) / "prompts.json")
@@ -90,12 +96,18 @@ def summarise(case: str, jobs, results, runs: int) -> dict:
         res = results[(eng, arm)]
         out[key] = {"tok_s": median([x["tok_s"] for x in res]), "accept_len": median([x["accept_len"] for x in res]),
                     "len_p50": res[0]["len_p50"], "len_max": res[0]["len_max"]}
-        if (eng, "plain") in results and arm != "plain":
-            ratios = [x["tok_s"] / p["tok_s"] for x, p in zip(res, results[(eng, "plain")])]
+        plain = "plain+compile" if arm.endswith("+compile") else "plain"  # plain decoding on the same path
+        if (eng, plain) in results and arm != plain:
+            ratios = [x["tok_s"] / p["tok_s"] for x, p in zip(res, results[(eng, plain)])]
             out[key].update(vs_plain=median(ratios), vs_plain_min=min(ratios), vs_plain_max=max(ratios))
         if eng == "after" and ("before", arm) in results:
             ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(res, results[("before", arm)])]
             out[key]["vs_before"] = median(ratios)
+        out[key]["warmup_s"] = median([x.get("warmup_s", 0.0) for x in res])
+        eager = arm.removesuffix("+compile")
+        if eager != arm and (eng, eager) in results:
+            ratios = [x["tok_s"] / e["tok_s"] for x, e in zip(res, results[(eng, eager)])]
+            out[key]["vs_eager"] = median(ratios)
         if "k_histogram" in res[-1]:
             out[key]["k_histogram"] = res[-1]["k_histogram"]
     return out

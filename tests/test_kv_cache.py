@@ -60,14 +60,15 @@ def test_keep_gathers_the_used_span_and_zeroes_the_rest():
     from bebop.model.kv_cache import KVCache
 
     cache = KVCache(3, 6, 2, 4, 20, dtype=torch.float32, device="cpu")
-    cache.k.normal_(generator=torch.Generator().manual_seed(0))
-    cache.v.normal_(generator=torch.Generator().manual_seed(1))
-    full_k, full_v = cache.k.clone(), cache.v.clone()
+    gen = torch.Generator().manual_seed(0)
+    for t in cache.k + cache.v:  # (B, Hkv, S, Dh) per layer
+        t.normal_(generator=gen)
+    full_k, full_v = [t.clone() for t in cache.k], [t.clone() for t in cache.v]
     cache.lengths.copy_(torch.tensor([3, 7, 1, 9, 2, 5]))
     rows = torch.tensor([3, 0, 5])
     cache.keep(rows, span=9)
-    assert cache.k.shape == (3, 3, 2, 20, 4) and cache.k.is_contiguous()
-    assert torch.equal(cache.k[:, :, :, :9], full_k.index_select(1, rows)[:, :, :, :9])
-    assert torch.equal(cache.v[:, :, :, :9], full_v.index_select(1, rows)[:, :, :, :9])
-    assert not cache.k[:, :, :, 9:].any() and not cache.v[:, :, :, 9:].any()
+    for kept, full in zip(cache.k + cache.v, full_k + full_v):
+        assert kept.shape == (3, 2, 20, 4) and kept.is_contiguous()
+        assert torch.equal(kept[:, :, :9], full.index_select(0, rows)[:, :, :9])
+        assert not kept[:, :, 9:].any()
     assert cache.lengths.tolist() == [9, 3, 5] and cache.span == 9

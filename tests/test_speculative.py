@@ -7,6 +7,7 @@ import torch
 
 from bebop.engine import generate
 from bebop.engine import speculative as spec
+from bebop.engine.compiled import compile_steps
 from bebop.errors import BebopError
 from bebop.model import load_model
 from bebop.sampling import SamplingParams, warp_probs
@@ -16,13 +17,19 @@ from spec_helpers import EOS, PROMPTS, ids_of, mixture_drafter, oracle_drafter
 from stats_helpers import assert_follows
 
 
-@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.fixture(scope="module", params=["float32", "bfloat16", "compiled"])
 def dtype_model(request, spec_model):
-    """spec_model in each dtype the engine samples in (a bfloat16 rollout copy, issue 24): lossless against
-    its own target, T=0 equal to greedy of the same dtype."""
+    """spec_model on each path the engine samples on: float32 eager, a bfloat16 rollout copy, float32 with compiled
+    steps (issue 24): lossless against its own target, T=0 equal to greedy of the same dtype."""
     import copy
 
-    return spec_model if request.param == torch.float32 else copy.deepcopy(spec_model).to(request.param)
+    if request.param == "float32":
+        return spec_model
+    model = copy.deepcopy(spec_model)
+    if request.param == "bfloat16":
+        return model.to(torch.bfloat16)
+    assert compile_steps(model, "on")
+    return model
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from bebop.engine.compiled import COMPILE_CHOICES
+
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -26,5 +28,12 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    """The decoding engine's device, dtype and compilation (generate, eval)."""
+    p.add_argument("--dtype", "--rollout-dtype", dest="dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the model's dtype for decoding (--rollout-dtype: the same flag under rl's name)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--compile", choices=COMPILE_CHOICES, default="auto", help=COMPILE_HELP)
+
+
+COMPILE_HELP = ("compile the decoding steps with torch.compile: on, off, or auto (only a run long enough to pay for "
+                "compiling; docs/benchmarks.md)")

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from bebop.chat import check_messages
 from bebop.engine import generate
 from bebop.engine.adaptive import AdaptiveK
+from bebop.engine.compiled import compile_steps
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.speculative import AUTO, check_spec_flags, parse_k, speculative_generate
 from bebop.engine.step_costs import step_costs
@@ -73,6 +74,7 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
     rows, elapsed = [], 0.0
     generated: list[list[int]] = []  # each row's new token ids
     batches = range(0, len(prompts), args.batch_size)
+    compile_steps(policy.model, args.compile, decode_steps=len(batches) * args.max_new_tokens)
     for start in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
         texts = prompts[start:start + args.batch_size]
         ids = [policy.codec.encode(t) for t in texts]

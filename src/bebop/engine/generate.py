@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from bebop.engine.compiled import round_capacity, trunk_forward
 from bebop.engine.records import Generation
 from bebop.engine.rows import Observer, RowBook
 from bebop.errors import BebopError
@@ -82,14 +83,14 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
     check_prompts(prompts, cfg.max_position_embeddings, cfg.vocab_size)
     context_room = min(max_new_tokens, cfg.max_position_embeddings - max(len(p) for p in prompts))
     book = RowBook(prompts, context_room, stop_ids, interrupt_ids, observer)
-    cache = model.new_cache(len(prompts), cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
-                                                       slack=max_observation_tokens + 1))
+    capacity = cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings, slack=max_observation_tokens + 1)
+    cache = model.new_cache(len(prompts), round_capacity(model, capacity))
     live, lengths = _leave_finished(book, list(range(len(prompts))), [0] * len(prompts), cache)
     # live: prompt index of each cache row; lengths: host copy of cache.lengths, exact
     while live:
         pending = [book.pending[row] for row in live]
         ids, counts = pad_chunk(pending, pad_id, model.device)  # (R, T), (R,)
-        hidden = model(ids, cache, counts)  # (R, T, H)
+        hidden = trunk_forward(model, ids, cache, counts)  # (R, T, H)
         last = (counts - 1).clamp_min(0)  # (R,)
         logits = model.logits(hidden[torch.arange(len(live)), last])  # (R, V)
         probs = warp_probs(logits, sampling)  # (R, V)

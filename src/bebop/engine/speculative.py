@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from bebop.engine.adaptive import AdaptiveK
+from bebop.engine.compiled import mtp_forward, round_capacity, trunk_forward
 from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, rows_to_keep
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.records import Generation
@@ -95,7 +96,7 @@ def _draft(model: CausalLM, mtp_cache, ref_hidden: torch.Tensor, ref_tokens: tor
     probs: list[torch.Tensor] = []  # (R, V) per depth
     for depth in range(1, k + 1):
         if depth > 1:
-            hidden = mtp(hidden[:, None], model.embed(tokens[-1])[:, None], depth, mtp_cache, ones)[:, 0]  # (R, H)
+            hidden = mtp_forward(model, hidden[:, None], tokens[-1][:, None], depth, mtp_cache, ones)[:, 0]  # (R, H)
         q = warp_probs(model.mtp_logits(hidden), sampling)  # (R, V)
         tokens.append(sample(q, generator) if mode == "rs" and not sampling.greedy else q.argmax(-1))
         probs.append(q)
@@ -165,10 +166,10 @@ class _Run:
         capacity = cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
                                   slack=max(k + 1, max_observation_tokens + 1))
         self.live = list(range(len(prompts)))
-        self.cache = model.new_cache(len(prompts), capacity)
+        self.cache = model.new_cache(len(prompts), round_capacity(model, capacity))
         # a catch-up refresh writes up to `capacity` positions past a row's MTP length: room for both
-        self.mtp_cache = model.require_mtp().new_cache(len(prompts), 2 * capacity + k, dtype=model.dtype,
-                                                       device=model.device)
+        self.mtp_cache = model.require_mtp().new_cache(len(prompts), round_capacity(model, 2 * capacity + k),
+                                                       dtype=model.dtype, device=model.device)
         self.log = RefreshLog(len(prompts))
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
         self.metrics = SpecMetrics(k, draft_log=[] if log_drafts else None)
@@ -223,7 +224,7 @@ class _Run:
                                 self.pad_id, device)  # (R, Wc), (R,)
         if k:
             ids[:, 1:k + 1] = torch.where(is_draft[:, None], drafts, ids[:, 1:k + 1])
-        hidden = self.model(ids, self.cache, counts)  # (R, Wc, H)
+        hidden = trunk_forward(self.model, ids, self.cache, counts)  # (R, Wc, H)
         last = (counts - 1).clamp_min(0)  # (R,)
         positions = torch.where(is_draft[:, None], torch.arange(k + 1, device=device), last[:, None])  # (R, k+1)
         logits = self.model.logits(hidden[torch.arange(batch, device=device)[:, None], positions])  # (R, k+1, V)

@@ -22,9 +22,11 @@ from bebop.errors import BebopError
 class KVCache:
     def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
                  capacity: int, *, dtype: torch.dtype, device: torch.device | str) -> None:
-        shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, Dh)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, Dh)
+        shape = (batch_size, num_kv_heads, capacity, head_dim)
+        # one tensor per layer, (B, Hkv, S, Dh) each: a compiled step writes each in place (a slice of one
+        # (L, ...) buffer would be copied whole by every layer's write, bebop.model.static_cache)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
         self.capacity = capacity
         self.span = 0
@@ -46,8 +48,12 @@ class KVCache:
         index = positions[:, None, :, None].expand(b, h, t, d)  # (B, Hkv, T, Dh)
         self.k[layer].scatter_(2, index, k)
         self.v[layer].scatter_(2, index, v)
-        s = self.span + t
-        return self.k[layer, :, :, :s], self.v[layer, :, :, :s]
+        s = self.key_span(t)
+        return self.k[layer][:, :, :s], self.v[layer][:, :, :s]
+
+    def key_span(self, chunk_len: int) -> int:
+        """How many key positions a chunk of `chunk_len` new tokens attends over (a host-known int)."""
+        return self.span + chunk_len
 
     def advance(self, num_new: torch.Tensor, chunk_len: int) -> None:
         """After a forward: each row keeps num_new[b] (B,) of the chunk's tokens."""
@@ -62,16 +68,16 @@ class KVCache:
     def keep(self, rows: torch.Tensor, span: int) -> None:
         """Keep only the cache rows `rows` (R,) (indices into the current batch, in the new order);
         `span`: a bound on the kept rows' max length (host-known)."""
-        self.k = keep_span(self.k, rows, span)  # (L, R, Hkv, S, Dh)
-        self.v = keep_span(self.v, rows, span)  # (L, R, Hkv, S, Dh)
+        self.k = [keep_span(k, rows, span) for k in self.k]  # (R, Hkv, S, Dh) per layer
+        self.v = [keep_span(v, rows, span) for v in self.v]
         self.lengths = self.lengths.index_select(0, rows)  # (R,)
         self.span = span
 
 
 def keep_span(buffer: torch.Tensor, rows: torch.Tensor, span: int) -> torch.Tensor:
-    """buffer (L, B, Hkv, S, Dh) -> (L, R, Hkv, S, Dh): the rows' used positions (< span) gathered, the rest
-    zeroed, not copied (attention reads past a row's length only masked, and a masked zero stays finite)."""
-    out = torch.empty((buffer.shape[0], rows.shape[0], *buffer.shape[2:]), dtype=buffer.dtype, device=buffer.device)
-    torch.index_select(buffer[:, :, :, :span], 1, rows, out=out[:, :, :, :span])
-    out[:, :, :, span:].zero_()
+    """buffer (B, Hkv, S, Dh) -> (R, Hkv, S, Dh): the rows' used positions (< span) gathered, the rest zeroed,
+    not copied (attention reads past a row's length only masked, and a masked zero stays finite)."""
+    out = torch.empty((rows.shape[0], *buffer.shape[1:]), dtype=buffer.dtype, device=buffer.device)
+    torch.index_select(buffer[:, :, :span], 0, rows, out=out[:, :, :span])
+    out[:, :, span:].zero_()
     return out

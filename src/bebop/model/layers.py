@@ -46,7 +46,7 @@ class RMSNorm(nn.Module):
 _ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (Dh, theta, dtype, device) -> cos, sin (N, Dh)
 
 
-def _rope_table(head_dim: int, theta: float, dtype: torch.dtype, device: torch.device,
+def rope_table(head_dim: int, theta: float, dtype: torch.dtype, device: torch.device,
                 limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin (N, Dh) for positions 0..N-1, N >= limit: built once, grown by doubling (a decode
     step then reads two rows instead of computing eight small ops)."""
@@ -66,7 +66,7 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
                  limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """positions (B, T), all < limit (a host-known bound) -> cos, sin (B, 1, T, Dh) for rotate-half
     RoPE on (B, heads, T, Dh)."""
-    cos, sin = _rope_table(head_dim, theta, dtype, positions.device, limit)
+    cos, sin = rope_table(head_dim, theta, dtype, positions.device, limit)
     return cos[positions][:, None], sin[positions][:, None]
 
 
@@ -206,7 +206,7 @@ def attention_context(positions: torch.Tensor, cache: KVCache | None, rotary_dim
     cos, sin = rope_cos_sin(positions, rotary_dim, theta, dtype, limit)
     mask = None
     if cache is not None:
-        span = cache.span + positions.shape[1]
+        span = cache.key_span(positions.shape[1])
         keys = torch.arange(span, device=positions.device)  # (S,)
         mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # (B, 1, T, S)
     return AttentionContext(cos=cos, sin=sin, positions=positions, mask=mask, cache=cache)

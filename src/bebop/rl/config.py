@@ -3,10 +3,11 @@ where its rollouts run (Backend: not part of the run's identity, like the device
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from bebop.chat import parse_template_kwargs
+from bebop.engine.compiled import COMPILE_CHOICES, check_compile
 from bebop.engine.speculative import check_spec_flags, parse_k
 from bebop.errors import BebopError
 from bebop.fields import opt, parse_switch
@@ -74,6 +75,9 @@ class RLConfig:
     rollout_dtype: str = opt("float32", "the sampler's dtype: float32, or bfloat16 (a bfloat16 copy of the float32 "
                              "trainer's weights, synced every batch; the truncated importance weight corrects the "
                              "difference, sampler_kl in metrics.jsonl measures it)", choices=DTYPES)
+    compile: str = opt("auto", "compile the decoding steps with torch.compile: on, off, or auto (only a run long "
+                       "enough to pay for compiling); changes how fast rollouts run, not what they are, so a run "
+                       "may resume with another", choices=COMPILE_CHOICES, identity=False)
     dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",
                               parse=parse_switch)
 
@@ -95,6 +99,7 @@ class RLConfig:
         check_train_dtype(self.dtype)
         if self.rollout_dtype not in DTYPES:
             raise BebopError(f"unknown --rollout-dtype {self.rollout_dtype!r}; choose from {', '.join(DTYPES)}")
+        check_compile(self.compile)
         parse_template_kwargs(self.chat_template_kwargs)
         for name in ("steps", "eval_every", "batch_prompts", "max_new_tokens", "save_every", "batch_size", "ppo_epochs",
                      "mini_batches"):
@@ -135,6 +140,12 @@ class RLConfig:
     @property
     def needs_head(self) -> bool:
         return self.spec != "off" or self.mtp_update != "none"
+
+
+def run_identity(config: dict) -> dict:
+    """A config's fields that a resume must match: all but those that change only how fast the run goes."""
+    speed_only = {f.name for f in fields(RLConfig) if not f.metadata.get("identity", True)}
+    return {k: v for k, v in config.items() if k not in speed_only}
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy, load_policy
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
-from bebop.rl.config import Backend, RLConfig
+from bebop.rl.config import Backend, RLConfig, run_identity
 from bebop.rl.drafter_alarm import CLEARED, RAISED, DrafterAlarm
 from bebop.rl.evaluation import Evaluator
 from bebop.rl.metrics import METRICS_FILE, StepMetrics, length_percentiles
@@ -73,7 +73,7 @@ def _prepare(out: Path, cfg: RLConfig, resume: bool) -> Checkpoint | None:
     if not saved_cfg.exists():
         raise BebopError(f"nothing to resume: no {CONFIG_FILE} in {out}")
     saved = with_defaults(RLConfig, json.loads(saved_cfg.read_text()))
-    check_same_config(saved, asdict(cfg), out)
+    check_same_config(run_identity(saved), run_identity(asdict(cfg)), out)
     return load_checkpoint(out)
 
 

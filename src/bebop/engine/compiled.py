@@ -1,0 +1,157 @@
+"""Compiled decoding steps: `--compile auto|on|off` (inductor on the CPU).
+
+    steps = compile_steps(model, "on")      # or "auto" with the run's expected decode steps
+    hidden = trunk_forward(model, ids, cache, counts)       # compiled when it can be, else eager
+    hidden = mtp_forward(model, hidden, tokens, depth, mtp_cache, ones)
+
+What compiles: the trunk forward over a chunk of at most MAX_COMPILED_CHUNK tokens (a plain decode
+step, a verify over k+1 tokens) and the MTP head's one-token drafting forward (depths >= 2), each
+through `torch.compile(fullgraph=True)` over bebop.model.static_cache's view of the preallocated KV
+cache: every chunk attends over the cache's whole capacity by length, so a step's graph depends on
+no host state. The batch dimension is dynamic (one graph for every live-batch size from 2 up,
+one for batch 1: a step at any batch size reuses it, with no padding rows); the chunk length and
+the cache capacity are static, the capacity rounded up to a power of two (`round_capacity`) so that
+runs with other prompt lengths, and every RL step, reuse the graphs. Weights are graph inputs, so
+an optimizer's in-place update (each RL step) is seen without a recompile. What stays eager: a
+prefill or an MTP refresh (ragged chunks of any length), a hybrid trunk (Gated DeltaNet states).
+
+Compiled code is cached on disk by inductor (TORCHINDUCTOR_CACHE_DIR, by default under /tmp):
+measured on the embedded default, a graph costs 25-40 s the first time on this 2-core VM and
+3-6 s in a later process. `auto` compiles only a run of at least PAYS_AFTER_STEPS decode steps.
+
+A compile that fails (no C++ compiler, a graph break) prints one line and the run goes on eager.
+The math is the eager forward's (the same modules; attention over masked zeros past a row's length
+adds exact zeros), so every lossless and T=0 guarantee holds on the compiled path too.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+
+import torch
+
+from bebop.errors import BebopError
+from bebop.model.kv_cache import KVCache
+from bebop.model.layers import rope_table
+from bebop.model.qwen3 import CausalLM
+from bebop.model.static_cache import StaticView
+
+COMPILE_CHOICES = ("auto", "on", "off")
+MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
+PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md, issue 24)
+RECOMPILE_LIMIT = 64  # graphs per compiled function: batch 1 / many x chunk lengths x capacities x depths
+
+_STEPS: weakref.WeakKeyDictionary[CausalLM, CompiledSteps] = weakref.WeakKeyDictionary()
+
+
+def check_compile(choice: str) -> None:
+    if choice not in COMPILE_CHOICES:
+        raise BebopError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {choice!r}")
+
+
+def wants_compile(choice: str, decode_steps: int) -> bool:
+    """Whether `choice` compiles a run expected to take `decode_steps` decode steps."""
+    check_compile(choice)
+    return choice == "on" or (choice == "auto" and decode_steps >= PAYS_AFTER_STEPS)
+
+
+def compile_steps(model: CausalLM, choice: str, decode_steps: int = 0) -> bool:
+    """Compile `model`'s decoding steps when `choice` says so (idempotent); False when it runs eager."""
+    if not wants_compile(choice, decode_steps):
+        _STEPS.pop(model, None)
+        return False
+    if model.config.linear_layers:
+        _say("a hybrid trunk's Gated DeltaNet layers keep per-position states that do not compile yet")
+        return False
+    if model not in _STEPS:
+        _STEPS[model] = CompiledSteps()
+    return True
+
+
+def compiled_steps(model: CausalLM) -> CompiledSteps | None:
+    return _STEPS.get(model)
+
+
+def is_compiled(model: CausalLM) -> bool:
+    steps = _STEPS.get(model)
+    return steps is not None and steps.failed is None
+
+
+def round_capacity(model: CausalLM, capacity: int) -> int:
+    """A cache capacity the compiled graphs can reuse: the next power of two when compiled."""
+    return 1 << max(capacity - 1, 1).bit_length() if is_compiled(model) else capacity
+
+
+def trunk_forward(model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
+    """model(ids, cache, counts): ids (B, T), counts (B,) -> hidden (B, T, H), compiled when it can be."""
+    steps = _STEPS.get(model)
+    eager = lambda: model(ids, cache, counts)  # noqa: E731
+    if steps is None or steps.failed or ids.shape[1] > MAX_COMPILED_CHUNK or type(cache) is not KVCache:
+        return eager()
+    return steps.run(steps.trunk, eager, model, cache, ids.shape[1], ids, counts)
+
+
+def mtp_forward(model: CausalLM, hidden: torch.Tensor, tokens: torch.Tensor, depth: int, cache: KVCache,
+                ones: torch.Tensor) -> torch.Tensor:
+    """One drafting step of the head at depth >= 2: hidden (B, 1, H), tokens (B, 1) -> (B, 1, H)."""
+    steps = _STEPS.get(model)
+    mtp = model.require_mtp()
+    eager = lambda: mtp(hidden, model.embed(tokens), depth, cache, ones)  # noqa: E731
+    if steps is None or steps.failed:
+        return eager()
+    chain_depth = depth if mtp.num_layers > 1 else 2  # one layer: every depth >= 2 is the same graph
+    return steps.run(steps.mtp, eager, model, cache, 1, hidden, tokens, chain_depth, ones)
+
+
+def _trunk(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
+           ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    return model(ids, StaticView(k, v, lengths), counts)
+
+
+def _mtp(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
+         hidden: torch.Tensor, tokens: torch.Tensor, depth: int, ones: torch.Tensor) -> torch.Tensor:
+    mtp = model.require_mtp()
+    return mtp(hidden, model.embed(tokens), depth, StaticView(k, v, lengths), ones)
+
+
+class CompiledSteps:
+    """One model's compiled step functions; `failed` holds why compiling failed (then all runs eager)."""
+
+    def __init__(self) -> None:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        self.trunk = torch.compile(_trunk, fullgraph=True, dynamic=False)
+        self.mtp = torch.compile(_mtp, fullgraph=True, dynamic=False)
+        self.failed: str | None = None
+        self.calls = 0  # steps that ran compiled
+
+    def run(self, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args) -> torch.Tensor:
+        """fn(model, the cache's tensors, *args) over the cache's whole capacity, the host span advanced as
+        an eager forward does; `eager()` instead when compiling fails."""
+        if cache.span + chunk_len > cache.capacity:
+            raise BebopError(f"KV cache overflow: {cache.span} + {chunk_len} tokens > capacity {cache.capacity}")
+        cfg = model.config
+        rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, cache.capacity)  # built outside
+        if cache.batch_size > 1:  # batch 1 is its own graph (torch specialises size 1)
+            for t in [*cache.k, *cache.v, cache.lengths, *(a for a in args if isinstance(a, torch.Tensor))]:
+                torch._dynamo.mark_dynamic(t, 0)
+        try:
+            out = fn(model, cache.k, cache.v, cache.lengths, *args)
+        except Exception as err:  # a compile failure: say it once, decode on eagerly
+            if not _is_compile_error(err):
+                raise
+            self.failed = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+            _say(f"compiling the decoding step failed ({self.failed})")
+            return eager()
+        cache.span += chunk_len
+        self.calls += 1
+        return out
+
+
+def _is_compile_error(err: Exception) -> bool:
+    """A failure to compile (dynamo, inductor, the C++ toolchain), not an error of the step itself."""
+    return type(err).__module__.startswith(("torch._dynamo", "torch._inductor", "subprocess"))
+
+
+def _say(reason: str) -> None:
+    print(f"bebop: --compile: {reason}; decoding runs eager", file=sys.stderr)

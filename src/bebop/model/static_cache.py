@@ -1,0 +1,47 @@
+"""The KV cache as a compiled step sees it: the whole preallocated buffer, attention over it by length.
+
+    view = StaticView(cache.k, cache.v, cache.lengths)   # inside the compiled function
+    hidden = model(ids, view, num_new)                   # writes in place, lengths += num_new
+
+A KVCache attends over its used span, a host-side int that grows every step: a compiled graph
+would specialise on it and recompile every step. The view reads no host state: the chunk attends
+over the buffer's whole capacity, keys past a row's length masked (as keys past a shorter row's
+length already are in the eager cache), so one graph serves every step at a given batch size,
+chunk length and capacity. Its tensors ARE the cache's: writes and the length update land in
+the KVCache the engine holds, which keeps its own host span for the eager forwards in between.
+The engine checks capacity on the host before each compiled call (`KVCache.positions` does for
+eager ones); the view cannot raise from inside a graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bebop.model.kv_cache import KVCache
+
+
+class StaticView(KVCache):
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor) -> None:
+        self.k = k  # (B, Hkv, S, Dh) per layer: the KVCache's own tensors, written in place
+        self.v = v  # (B, Hkv, S, Dh) per layer
+        self.lengths = lengths  # (B,), updated in place
+        self.capacity = k[0].shape[2]
+        self.span = self.capacity
+
+    def positions(self, chunk_len: int) -> torch.Tensor:
+        steps = torch.arange(chunk_len, device=self.lengths.device)
+        return self.lengths[:, None] + steps  # (B, T)
+
+    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (B, Hkv, T, Dh) stored at `positions` (B, T) by index_put_, which inductor does in place (a
+        scatter_ made it copy the layer's whole buffer); -> the layer's whole buffer."""
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1)
+        self.k[layer][rows, :, positions] = k.transpose(1, 2)  # [b, :, pos[b, t]] <- (B, T, Hkv, Dh)
+        self.v[layer][rows, :, positions] = v.transpose(1, 2)
+        return self.k[layer], self.v[layer]
+
+    def key_span(self, chunk_len: int) -> int:
+        return self.capacity
+
+    def advance(self, num_new: torch.Tensor, chunk_len: int) -> None:
+        self.lengths.add_(num_new)

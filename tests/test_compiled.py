@@ -1,0 +1,113 @@
+"""Compiled decoding steps (`--compile`, bebop.engine.compiled): the compiled path is taken, equals eager
+decoding, reuses its graphs across batch sizes and weight updates, and falls back to eager with one line
+when compiling fails. The lossless and T=0 tests run on it too (test_speculative's `dtype_model`)."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bebop.engine import compiled, generate
+from bebop.engine.speculative import speculative_generate
+from bebop.errors import BebopError
+from bebop.sampling import SamplingParams
+
+from spec_helpers import EOS, PROMPTS, ids_of
+
+GREEDY = SamplingParams(0.0)
+
+
+def unique_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(scope="module")
+def compiled_model(spec_model):
+    model = copy.deepcopy(spec_model)
+    assert compiled.compile_steps(model, "on")
+    return model
+
+
+def test_compiled_steps_run_and_equal_eager(spec_model, compiled_model):
+    prompts = ids_of(PROMPTS)
+    ref = generate(spec_model, prompts, max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])
+    plain = generate(compiled_model, prompts, max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])
+    spec, _ = speculative_generate(compiled_model, prompts, k=3, mode="rs", max_new_tokens=24, sampling=GREEDY,
+                                   stop_ids=[EOS])
+    steps = compiled.compiled_steps(compiled_model)
+    assert steps is not None and steps.failed is None and steps.calls > 0  # the compiled path ran
+    assert [g.token_ids for g in plain] == [g.token_ids for g in ref]
+    assert [g.token_ids for g in spec] == [g.token_ids for g in ref]
+
+
+def test_graphs_are_reused_across_batch_sizes_and_weight_updates(compiled_model):
+    """A run at another live-batch size (2 and up share one graph) and after an in-place weight update (as an
+    optimizer step makes, every RL step) compiles nothing new, and decodes with the new weights."""
+    prompts = ids_of(PROMPTS)
+    generate(compiled_model, prompts, max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])  # every shape seen
+    before = unique_graphs()
+    generate(compiled_model, prompts[:3], max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])
+    with torch.no_grad():
+        for p in compiled_model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    after_update = generate(compiled_model, prompts, max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])
+    assert unique_graphs() == before
+    compiled.compile_steps(compiled_model, "off")  # the same weights, eagerly
+    eager = generate(compiled_model, prompts, max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])
+    assert [g.token_ids for g in after_update] == [g.token_ids for g in eager]
+
+
+def test_a_failed_compile_says_so_once_and_decodes_eagerly(spec_model, monkeypatch, capsys):
+    model = copy.deepcopy(spec_model)
+    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("/nonexistent/c++",))  # no C++ compiler
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    torch._dynamo.reset()  # the graphs compiled so far serve any model of this shape: compile anew
+    assert compiled.compile_steps(model, "on")
+    prompts = ids_of(PROMPTS)
+    out = generate(model, prompts, max_new_tokens=12, sampling=GREEDY, stop_ids=[EOS])
+    ref = generate(spec_model, prompts, max_new_tokens=12, sampling=GREEDY, stop_ids=[EOS])
+    assert [g.token_ids for g in out] == [g.token_ids for g in ref]
+    lines = [line for line in capsys.readouterr().err.splitlines() if "--compile" in line]
+    assert len(lines) == 1 and "decoding runs eager" in lines[0]
+    assert not compiled.is_compiled(model)
+
+
+def test_auto_compiles_only_runs_long_enough():
+    assert not compiled.wants_compile("auto", compiled.PAYS_AFTER_STEPS - 1)
+    assert compiled.wants_compile("auto", compiled.PAYS_AFTER_STEPS)
+    assert compiled.wants_compile("on", 1) and not compiled.wants_compile("off", 10**9)
+    with pytest.raises(BebopError, match="--compile"):
+        compiled.wants_compile("fast", 1)
+
+
+def test_round_capacity_only_when_compiled(spec_model):
+    model = copy.deepcopy(spec_model)
+    assert compiled.compile_steps(model, "on")
+    assert compiled.round_capacity(spec_model, 100) == 100
+    assert [compiled.round_capacity(model, c) for c in (100, 128, 129)] == [128, 128, 256]
+
+
+def test_bad_compile_flag_exits_2(tiny_model_dir):
+    proc = subprocess.run([sys.executable, "-m", "bebop", "generate", "--model", str(tiny_model_dir), "--prompt", "a",
+                           "--max-new-tokens", "2", "--compile", "fast"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--compile" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_rl_sampler_compiles_its_engine_and_a_resume_may_change_compile(spec_model, tmp_path):
+    from bebop.policy import Policy
+    from bebop.rl.config import RLConfig, run_identity
+    from bebop.rl.sampler import RolloutSampler
+    from bebop.tasks import get_task
+
+    from conftest import CHAR_CODEC
+
+    model = copy.deepcopy(spec_model)
+    cfg = RLConfig(model="m", compile="on")
+    sampler = RolloutSampler(get_task("math"), Policy(model, CHAR_CODEC), cfg)
+    assert sampler.engine(model) is model and compiled.is_compiled(model)
+    assert run_identity({**cfg.__dict__, "compile": "off"}) == run_identity(cfg.__dict__)
+    assert run_identity({**cfg.__dict__, "lr": 1.0}) != run_identity(cfg.__dict__)
+    with pytest.raises(BebopError, match="--compile"):
+        RLConfig(model="m", compile="fast")
