@@ -12,7 +12,9 @@ config's lengths; meaningful with a trained policy). Each function of a category
 each category, the median over --runs after a warm-up run; the first step (the prompts' prefill) apart as
 `prefill_ms`; `forwards_ms` = verify + MTP, and `step_over_forwards`, a step over its forwards (the
 issue-24 target: at most 1.15). "verify_forward" is the trunk forward (plain: the decode forward) with
-everything inside it: cache writes, the mask, attention.
+everything inside it: cache writes, the mask, attention. `--compile on` profiles the compiled steps (the
+trunk timed where the engine calls it; "mtp_forwards" is then the whole drafting function, its warps and
+draws included).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from contextlib import contextmanager
 import torch
 
 from bebop.engine import refresh_log, speculative
+from bebop.engine.compiled import compile_steps
 from bebop.engine.generate import generate
 from bebop.engine.speculative import speculative_generate
 from bebop.model import kv_cache, qwen3
@@ -50,6 +53,16 @@ CATEGORIES = {
                    (kv_cache.KVCache, "rollback"), (kv_cache.KVCache, "keep"), (speculative._Run, "_leave_finished"),
                    (plain_module, "_leave_finished"), (plain_module, "pad_chunk"), (speculative, "pad_chunk")],
 }
+
+# with --compile on, nothing a compiled graph calls may be wrapped (a timer is a graph break): the trunk is timed
+# at the engine's call (compiled or not), and the whole drafting function (refresh, chain, its warps and draws)
+# is "mtp_forwards"
+COMPILED_CATEGORIES = {
+    **CATEGORIES,
+    "verify_forward": [(plain_module, "trunk_forward"), (speculative, "trunk_forward"), (qwen3.CausalLM, "logits")],
+    "mtp_forwards": [(speculative, "_draft")],
+}
+STEP_STARTS = {(qwen3.CausalLM, "forward"), (plain_module, "trunk_forward")}  # plain decoding: one per step
 
 
 class Timers:
@@ -82,11 +95,11 @@ class Timers:
 def instrumented(timers: Timers):
     """Every category's functions wrapped; speculative steps mark their starts."""
     saved = []
-    for category, places in CATEGORIES.items():
+    for category, places in (COMPILED_CATEGORIES if ARGS.compile == "on" else CATEGORIES).items():
         for owner, name in places:
             real = getattr(owner, name)
             saved.append((owner, name, real))
-            setattr(owner, name, timers.wrap(category, real, starts_step=(owner, name) == (qwen3.CausalLM, "forward")))
+            setattr(owner, name, timers.wrap(category, real, starts_step=(owner, name) in STEP_STARTS))
     real_step = speculative._Run.step
 
     def step(run):
@@ -141,11 +154,12 @@ def profile(policy, case: str, arm: str) -> dict:
     row = {key: median([r[key] for r in runs]) for key in runs[0]}
     row["forwards_ms"] = row["verify_forward"] + row["mtp_forwards"]
     row["step_over_forwards"] = row["step_ms"] / row["forwards_ms"]
-    return {"case": case, "arm": arm, **{k: round(v, 3) for k, v in row.items()}}
+    return {"case": case, "arm": arm, "compile": ARGS.compile, **{k: round(v, 3) for k, v in row.items()}}
 
 
 def main() -> None:
     policy = load_policy(ARGS.model, device="cpu")
+    compile_steps(policy.model, ARGS.compile)  # on: the warm-up run compiles
     rows = [profile(policy, case, arm) for case in ARGS.cases.split(",") for arm in ARGS.arms.split(",")]
     lines = [json.dumps(row) for row in rows] + [json.dumps({"machine": machine(), "model": ARGS.model})]
     print("\n".join(lines))
@@ -163,6 +177,7 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--task", default="math")
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--compile", choices=("on", "off"), default="off", help="compiled decoding steps")
     parser.add_argument("--out")
     ARGS = parser.parse_args()
     main()

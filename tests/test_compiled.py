@@ -43,12 +43,14 @@ def test_compiled_steps_run_and_equal_eager(spec_model, compiled_model):
 
 
 def test_graphs_are_reused_across_batch_sizes_and_weight_updates(compiled_model):
-    """A run at another live-batch size (2 and up share one graph) and after an in-place weight update (as an
-    optimizer step makes, every RL step) compiles nothing new, and decodes with the new weights."""
+    """A run at another live-batch size (2 and up share one graph), with other prompt lengths (every span shares
+    it) and after an in-place weight update (as an optimizer step makes, every RL step) compiles nothing new,
+    and decodes with the new weights."""
     prompts = ids_of(PROMPTS)
     generate(compiled_model, prompts, max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])  # every shape seen
     before = unique_graphs()
     generate(compiled_model, prompts[:3], max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])
+    generate(compiled_model, [p * 3 for p in prompts[2:]], max_new_tokens=30, sampling=GREEDY, stop_ids=[EOS])
     with torch.no_grad():
         for p in compiled_model.parameters():
             p.add_(torch.randn_like(p), alpha=0.05)
@@ -80,13 +82,6 @@ def test_auto_compiles_only_runs_long_enough():
     assert compiled.wants_compile("on", 1) and not compiled.wants_compile("off", 10**9)
     with pytest.raises(BebopError, match="--compile"):
         compiled.wants_compile("fast", 1)
-
-
-def test_round_capacity_only_when_compiled(spec_model):
-    model = copy.deepcopy(spec_model)
-    assert compiled.compile_steps(model, "on")
-    assert compiled.round_capacity(spec_model, 100) == 100
-    assert [compiled.round_capacity(model, c) for c in (100, 128, 129)] == [128, 128, 256]
 
 
 def test_bad_compile_flag_exits_2(tiny_model_dir):

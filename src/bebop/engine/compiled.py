@@ -7,13 +7,14 @@
 What compiles: the trunk forward over a chunk of at most MAX_COMPILED_CHUNK tokens (a plain decode
 step, a verify over k+1 tokens) and the MTP head's one-token drafting forward (depths >= 2), each
 through `torch.compile(fullgraph=True)` over bebop.model.static_cache's view of the preallocated KV
-cache: every chunk attends over the cache's whole capacity by length, so a step's graph depends on
-no host state. The batch dimension is dynamic (one graph for every live-batch size from 2 up,
-one for batch 1: a step at any batch size reuses it, with no padding rows); the chunk length and
-the cache capacity are static, the capacity rounded up to a power of two (`round_capacity`) so that
-runs with other prompt lengths, and every RL step, reuse the graphs. Weights are graph inputs, so
-an optimizer's in-place update (each RL step) is seen without a recompile. What stays eager: a
-prefill or an MTP refresh (ragged chunks of any length), a hybrid trunk (Gated DeltaNet states).
+cache (views of its used span, written in place), so a step's graph depends on no host state. The
+batch and span dimensions are dynamic: one graph serves every live-batch size from 2 up (one more
+for batch 1, which torch specialises) and every span, so a step at any batch size and length, a
+run with other prompts and every RL step reuse it, with no padding rows; the chunk length is static
+(a graph for plain steps, one per verify width). Weights are graph inputs, and the graphs guard on
+the module's structure, not its identity: an optimizer's in-place update (each RL step) and a
+copy of the same shape reuse them. What stays eager: a prefill or an MTP refresh (ragged chunks of
+any length), a hybrid trunk (Gated DeltaNet states).
 
 Compiled code is cached on disk by inductor (TORCHINDUCTOR_CACHE_DIR, by default under /tmp):
 measured on the embedded default, a graph costs 25-40 s the first time on this 2-core VM and
@@ -40,7 +41,7 @@ from bebop.model.static_cache import StaticView
 COMPILE_CHOICES = ("auto", "on", "off")
 MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
 PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md, issue 24)
-RECOMPILE_LIMIT = 64  # graphs per compiled function: batch 1 / many x chunk lengths x capacities x depths
+RECOMPILE_LIMIT = 64  # graphs per compiled function: batch 1 or more x chunk lengths x depths x rope tables
 
 _STEPS: weakref.WeakKeyDictionary[CausalLM, CompiledSteps] = weakref.WeakKeyDictionary()
 
@@ -76,11 +77,6 @@ def compiled_steps(model: CausalLM) -> CompiledSteps | None:
 def is_compiled(model: CausalLM) -> bool:
     steps = _STEPS.get(model)
     return steps is not None and steps.failed is None
-
-
-def round_capacity(model: CausalLM, capacity: int) -> int:
-    """A cache capacity the compiled graphs can reuse: the next power of two when compiled."""
-    return 1 << max(capacity - 1, 1).bit_length() if is_compiled(model) else capacity
 
 
 def trunk_forward(model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
@@ -126,17 +122,22 @@ class CompiledSteps:
         self.calls = 0  # steps that ran compiled
 
     def run(self, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args) -> torch.Tensor:
-        """fn(model, the cache's tensors, *args) over the cache's whole capacity, the host span advanced as
-        an eager forward does; `eager()` instead when compiling fails."""
+        """fn(model, views of the cache's used span, *args), the host span advanced as an eager forward does;
+        `eager()` instead when compiling fails."""
         if cache.span + chunk_len > cache.capacity:
             raise BebopError(f"KV cache overflow: {cache.span} + {chunk_len} tokens > capacity {cache.capacity}")
         cfg = model.config
         rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, cache.capacity)  # built outside
+        span = cache.span + chunk_len
+        k = [t[:, :, :span] for t in cache.k]  # (B, Hkv, span, Dh) views: the writes land in the cache
+        v = [t[:, :, :span] for t in cache.v]
+        for t in k + v:
+            torch._dynamo.mark_dynamic(t, 2)  # one graph for every span
         if cache.batch_size > 1:  # batch 1 is its own graph (torch specialises size 1)
-            for t in [*cache.k, *cache.v, cache.lengths, *(a for a in args if isinstance(a, torch.Tensor))]:
+            for t in [*k, *v, cache.lengths, *(a for a in args if isinstance(a, torch.Tensor))]:
                 torch._dynamo.mark_dynamic(t, 0)
         try:
-            out = fn(model, cache.k, cache.v, cache.lengths, *args)
+            out = fn(model, k, v, cache.lengths, *args)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
             if not _is_compile_error(err):
                 raise

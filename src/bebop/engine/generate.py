@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bebop.engine.compiled import round_capacity, trunk_forward
+from bebop.engine.compiled import trunk_forward
 from bebop.engine.records import Generation
 from bebop.engine.rows import Observer, RowBook
 from bebop.errors import BebopError
@@ -84,7 +84,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
     context_room = min(max_new_tokens, cfg.max_position_embeddings - max(len(p) for p in prompts))
     book = RowBook(prompts, context_room, stop_ids, interrupt_ids, observer)
     capacity = cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings, slack=max_observation_tokens + 1)
-    cache = model.new_cache(len(prompts), round_capacity(model, capacity))
+    cache = model.new_cache(len(prompts), capacity)
     live, lengths = _leave_finished(book, list(range(len(prompts))), [0] * len(prompts), cache)
     # live: prompt index of each cache row; lengths: host copy of cache.lengths, exact
     while live:

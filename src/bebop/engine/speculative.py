@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import mtp_forward, round_capacity, trunk_forward
+from bebop.engine.compiled import mtp_forward, trunk_forward
 from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, rows_to_keep
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.records import Generation
@@ -166,9 +166,9 @@ class _Run:
         capacity = cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
                                   slack=max(k + 1, max_observation_tokens + 1))
         self.live = list(range(len(prompts)))
-        self.cache = model.new_cache(len(prompts), round_capacity(model, capacity))
+        self.cache = model.new_cache(len(prompts), capacity)
         # a catch-up refresh writes up to `capacity` positions past a row's MTP length: room for both
-        self.mtp_cache = model.require_mtp().new_cache(len(prompts), round_capacity(model, 2 * capacity + k),
+        self.mtp_cache = model.require_mtp().new_cache(len(prompts), 2 * capacity + k,
                                                        dtype=model.dtype, device=model.device)
         self.log = RefreshLog(len(prompts))
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)

@@ -48,12 +48,13 @@ _ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (Dh, theta,
 
 def rope_table(head_dim: int, theta: float, dtype: torch.dtype, device: torch.device,
                 limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (N, Dh) for positions 0..N-1, N >= limit: built once, grown by doubling (a decode
-    step then reads two rows instead of computing eight small ops)."""
+    """cos, sin (N, Dh) for positions 0..N-1, N >= limit: built once, grown to powers of two (a decode
+    step then reads two rows instead of computing eight small ops; a compiled graph, which guards on N,
+    recompiles only when N doubles)."""
     key = (head_dim, theta, dtype, device)
     table = _ROPE_TABLES.get(key)
     if table is None or table[0].shape[0] < limit:
-        size = max(limit, 2 * table[0].shape[0] if table is not None else 256)
+        size = 1 << max(limit - 1, 255).bit_length()  # a power of two >= 256: a compiled step guards on the size
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
         angles = torch.arange(size, device=device, dtype=torch.float32)[:, None] * inv_freq  # (N, Dh/2)
         angles = torch.cat([angles, angles], dim=-1)  # (N, Dh)

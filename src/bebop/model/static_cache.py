@@ -1,16 +1,16 @@
-"""The KV cache as a compiled step sees it: the whole preallocated buffer, attention over it by length.
+"""The KV cache as a compiled step sees it: per-layer tensors, attention over all of them by length.
 
-    view = StaticView(cache.k, cache.v, cache.lengths)   # inside the compiled function
-    hidden = model(ids, view, num_new)                   # writes in place, lengths += num_new
+    view = StaticView(k, v, cache.lengths)   # inside the compiled function; k, v: views of the used span
+    hidden = model(ids, view, num_new)       # writes in place, lengths += num_new
 
-A KVCache attends over its used span, a host-side int that grows every step: a compiled graph
+A KVCache attends over its used span, a host-side int that grows every step: a graph that read it
 would specialise on it and recompile every step. The view reads no host state: the chunk attends
-over the buffer's whole capacity, keys past a row's length masked (as keys past a shorter row's
-length already are in the eager cache), so one graph serves every step at a given batch size,
-chunk length and capacity. Its tensors ARE the cache's: writes and the length update land in
-the KVCache the engine holds, which keeps its own host span for the eager forwards in between.
-The engine checks capacity on the host before each compiled call (`KVCache.positions` does for
-eager ones); the view cannot raise from inside a graph.
+over its tensors' whole length (the engine passes views of the used span, a dynamic dimension),
+keys past a row's length masked as in the eager cache, so one graph serves every step. Its tensors
+ARE the cache's: writes and the length update land in the KVCache the engine holds, which keeps
+its own host span for the eager forwards in between. The engine checks capacity on the host
+before each compiled call (`KVCache.positions` does for eager ones); the view cannot raise from
+inside a graph.
 """
 
 from __future__ import annotations
