@@ -151,7 +151,8 @@ class CompiledSteps:
 
 def _is_compile_error(err: Exception) -> bool:
     """A failure to compile (dynamo, inductor, the C++ toolchain), not an error of the step itself."""
-    return type(err).__module__.startswith(("torch._dynamo", "torch._inductor", "subprocess"))
+    return type(err).__module__.startswith(("torch._dynamo", "torch._inductor", "torch.fx", "subprocess"))  # fx: a
+    # dimension marked dynamic that the graph specialised (ConstraintViolationError)
 
 
 def _say(reason: str) -> None:
