@@ -68,6 +68,13 @@ def test_eval_on_your_own_data(own, capsys):
     assert (row["task"], row["n"]) == ("eval.jsonl", 3)
 
 
+@pytest.mark.parametrize("flag", ["--batch-size", "--max-new-tokens"])
+def test_eval_refuses_a_zero_batch_or_length(own, capsys, flag):
+    assert main(["eval", "--model", str(own["model"]), "--data", str(own["eval"]), "--reward", own["reward"],
+                 flag, "0", "--device", "cpu"]) == 2
+    assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
+
+
 def bad_inputs(own, tmp_path):
     empty, csv, no_prompt, bad_chat = (tmp_path / name for name in ("empty.jsonl", "d.csv", "np.jsonl", "bc.jsonl"))
     empty.write_text("")

@@ -10,8 +10,8 @@ import sys
 import torch
 from tqdm import tqdm
 
-from bebop.commands.flags import add_chat_args
-from bebop.engine.compiled import compile_steps
+from bebop.commands.flags import add_chat_args, check_at_least_one
+from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.errors import BebopError
 from bebop.policy import load_policy
 from bebop.rollout import run_episodes, summarize
@@ -40,9 +40,7 @@ def add_parser(sub: argparse._SubParsersAction, add_device_args) -> None:
 def run(args: argparse.Namespace) -> None:
     if args.n < 1:
         raise BebopError(f"--n must be >= 1, got {args.n}")
-    for flag in ("batch_size", "max_new_tokens"):
-        if getattr(args, flag) < 1:
-            raise BebopError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    check_at_least_one(args, "batch_size", "max_new_tokens")
     if not args.task and not args.data:
         raise BebopError("--task or --data required")
     if args.reward and not args.data:
@@ -52,7 +50,7 @@ def run(args: argparse.Namespace) -> None:
     n = min(args.n, len(task.rows)) if isinstance(task, DatasetTask) else args.n
     problems = task.problems("test", n, args.seed)
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
-    compile_steps(policy.model, args.compile, decode_steps=-(-len(problems) // args.batch_size) * args.max_new_tokens)
+    compile_steps(policy.model, args.compile, expected_decode_steps(len(problems), args.batch_size, args.max_new_tokens))
     with tqdm(total=len(problems), desc=f"eval {task.name}", unit="problem", file=sys.stderr) as bar:
         episodes = run_episodes(policy, task, problems, sampling=SamplingParams(args.temperature),
                                 max_new_tokens=args.max_new_tokens, generator=generator,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bebop.engine.compiled import COMPILE_CHOICES
+from bebop.errors import BebopError
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -25,6 +26,13 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template-kwargs", default="",
                    help="extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' turns Qwen3's "
                         "thinking off")
+
+
+def check_at_least_one(args: argparse.Namespace, *names: str) -> None:
+    """Each flag `names` (attribute names) is >= 1, else the error names it."""
+    for name in names:
+        if getattr(args, name) < 1:
+            raise BebopError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:

@@ -11,9 +11,10 @@ import torch
 from tqdm import tqdm
 
 from bebop.chat import check_messages
+from bebop.commands.flags import check_at_least_one
 from bebop.engine import generate
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import compile_steps
+from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.speculative import AUTO, check_spec_flags, parse_k, speculative_generate
 from bebop.engine.step_costs import step_costs
@@ -48,10 +49,7 @@ def collect_prompts(args: argparse.Namespace) -> list[str | list[dict]]:
 
 def check_generate_args(policy: Policy, args: argparse.Namespace) -> None:
     """Every flag problem, before anything is generated or written."""
-    if args.max_new_tokens < 1:
-        raise BebopError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.batch_size < 1:
-        raise BebopError(f"--batch-size must be >= 1, got {args.batch_size}")
+    check_at_least_one(args, "max_new_tokens", "batch_size")
     check_spec_flags(args.spec, args.k, args.max_k)
     if args.spec != "off":
         policy.model.require_mtp()
@@ -74,7 +72,7 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
     rows, elapsed = [], 0.0
     generated: list[list[int]] = []  # each row's new token ids
     batches = range(0, len(prompts), args.batch_size)
-    compile_steps(policy.model, args.compile, decode_steps=len(batches) * args.max_new_tokens)
+    compile_steps(policy.model, args.compile, expected_decode_steps(len(prompts), args.batch_size, args.max_new_tokens))
     for start in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
         texts = prompts[start:start + args.batch_size]
         ids = [policy.codec.encode(t) for t in texts]

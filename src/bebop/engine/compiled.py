@@ -57,6 +57,11 @@ def wants_compile(choice: str, decode_steps: int) -> bool:
     return choice == "on" or (choice == "auto" and decode_steps >= PAYS_AFTER_STEPS)
 
 
+def expected_decode_steps(rows: int, batch_size: int, max_new_tokens: int) -> int:
+    """About how many decode steps `rows` prompts take, `batch_size` a call (for `auto`): the longest row's."""
+    return -(-rows // batch_size) * max_new_tokens
+
+
 def compile_steps(model: CausalLM, choice: str, decode_steps: int = 0) -> bool:
     """Compile `model`'s decoding steps when `choice` says so (idempotent); False when it runs eager."""
     if not wants_compile(choice, decode_steps):
@@ -83,7 +88,7 @@ def trunk_forward(model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: to
     """model(ids, cache, counts): ids (B, T), counts (B,) -> hidden (B, T, H), compiled when it can be."""
     steps = _STEPS.get(model)
     eager = lambda: model(ids, cache, counts)  # noqa: E731
-    if steps is None or steps.failed or ids.shape[1] > MAX_COMPILED_CHUNK or type(cache) is not KVCache:
+    if steps is None or steps.failed or ids.shape[1] > MAX_COMPILED_CHUNK:
         return eager()
     return steps.run(steps.trunk, eager, model, cache, ids.shape[1], ids, counts)
 
@@ -124,8 +129,7 @@ class CompiledSteps:
     def run(self, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args) -> torch.Tensor:
         """fn(model, views of the cache's used span, *args), the host span advanced as an eager forward does;
         `eager()` instead when compiling fails."""
-        if cache.span + chunk_len > cache.capacity:
-            raise BebopError(f"KV cache overflow: {cache.span} + {chunk_len} tokens > capacity {cache.capacity}")
+        cache.check_room(chunk_len)
         cfg = model.config
         rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, cache.capacity)  # built outside
         span = cache.span + chunk_len
@@ -150,9 +154,9 @@ class CompiledSteps:
 
 
 def _is_compile_error(err: Exception) -> bool:
-    """A failure to compile (dynamo, inductor, the C++ toolchain), not an error of the step itself."""
-    return type(err).__module__.startswith(("torch._dynamo", "torch._inductor", "torch.fx", "subprocess"))  # fx: a
-    # dimension marked dynamic that the graph specialised (ConstraintViolationError)
+    """A failure to compile (dynamo, inductor, the C++ toolchain; torch.fx: a dimension marked dynamic that the
+    graph specialised), not an error of the step itself."""
+    return type(err).__module__.startswith(("torch._dynamo", "torch._inductor", "torch.fx", "subprocess"))
 
 
 def _say(reason: str) -> None:

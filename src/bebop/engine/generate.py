@@ -83,8 +83,8 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
     check_prompts(prompts, cfg.max_position_embeddings, cfg.vocab_size)
     context_room = min(max_new_tokens, cfg.max_position_embeddings - max(len(p) for p in prompts))
     book = RowBook(prompts, context_room, stop_ids, interrupt_ids, observer)
-    capacity = cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings, slack=max_observation_tokens + 1)
-    cache = model.new_cache(len(prompts), capacity)
+    cache = model.new_cache(len(prompts), cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
+                                                       slack=max_observation_tokens + 1))
     live, lengths = _leave_finished(book, list(range(len(prompts))), [0] * len(prompts), cache)
     # live: prompt index of each cache row; lengths: host copy of cache.lengths, exact
     while live:

@@ -168,8 +168,8 @@ class _Run:
         self.live = list(range(len(prompts)))
         self.cache = model.new_cache(len(prompts), capacity)
         # a catch-up refresh writes up to `capacity` positions past a row's MTP length: room for both
-        self.mtp_cache = model.require_mtp().new_cache(len(prompts), 2 * capacity + k,
-                                                       dtype=model.dtype, device=model.device)
+        self.mtp_cache = model.require_mtp().new_cache(len(prompts), 2 * capacity + k, dtype=model.dtype,
+                                                       device=model.device)
         self.log = RefreshLog(len(prompts))
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
         self.metrics = SpecMetrics(k, draft_log=[] if log_drafts else None)

@@ -37,10 +37,14 @@ class KVCache:
 
     def positions(self, chunk_len: int) -> torch.Tensor:
         """Absolute positions of a new chunk: (B, T) = lengths[:, None] + arange(T)."""
-        if self.span + chunk_len > self.capacity:
-            raise BebopError(f"KV cache overflow: {self.span} + {chunk_len} tokens > capacity {self.capacity}")
+        self.check_room(chunk_len)
         steps = torch.arange(chunk_len, device=self.lengths.device)
         return self.lengths[:, None] + steps  # (B, T)
+
+    def check_room(self, chunk_len: int) -> None:
+        """A chunk of `chunk_len` more tokens fits every row (a host-side check on the span)."""
+        if self.span + chunk_len > self.capacity:
+            raise BebopError(f"KV cache overflow: {self.span} + {chunk_len} tokens > capacity {self.capacity}")
 
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, Hkv, T, Dh) at `positions` (B, T); return this layer's used (B, Hkv, S, Dh)."""

@@ -9,8 +9,8 @@ over its tensors' whole length (the engine passes views of the used span, a dyna
 keys past a row's length masked as in the eager cache, so one graph serves every step. Its tensors
 ARE the cache's: writes and the length update land in the KVCache the engine holds, which keeps
 its own host span for the eager forwards in between. The engine checks capacity on the host
-before each compiled call (`KVCache.positions` does for eager ones); the view cannot raise from
-inside a graph.
+before each compiled call (`KVCache.check_room`, as an eager forward does); the view cannot raise
+from inside a graph.
 """
 
 from __future__ import annotations
@@ -26,11 +26,9 @@ class StaticView(KVCache):
         self.v = v  # (B, Hkv, S, Dh) per layer
         self.lengths = lengths  # (B,), updated in place
         self.capacity = k[0].shape[2]
-        self.span = self.capacity
 
-    def positions(self, chunk_len: int) -> torch.Tensor:
-        steps = torch.arange(chunk_len, device=self.lengths.device)
-        return self.lengths[:, None] + steps  # (B, T)
+    def check_room(self, chunk_len: int) -> None:
+        """Checked by the engine on the host before the call (`KVCache.check_room`)."""
 
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v (B, Hkv, T, Dh) stored at `positions` (B, T) by index_put_, which inductor does in place (a

@@ -17,7 +17,7 @@ import torch
 
 from bebop.engine import generate
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import compile_steps
+from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics, merged
 from bebop.engine.records import FINISH_LENGTH
 from bebop.engine.speculative import AUTO, speculative_rollout_fn
@@ -52,15 +52,10 @@ class RolloutSampler:
         """The model rollouts run on: `model` itself, or its copy in --rollout-dtype with `model`'s weights now;
         its decoding steps compiled when --compile says so (once: the graphs see later weights in place)."""
         engine = self._in_rollout_dtype(model)
-        compile_steps(engine, self.cfg.compile, decode_steps=self.run_decode_steps)
-        return engine
-
-    @property
-    def run_decode_steps(self) -> int:
-        """About how many decode steps the run's rollouts take (for --compile auto): steps x batches x tokens."""
         cfg = self.cfg
-        batches = -(-cfg.batch_prompts * cfg.group_size // cfg.batch_size)
-        return cfg.steps * batches * cfg.max_new_tokens
+        per_step = expected_decode_steps(cfg.batch_prompts * cfg.group_size, cfg.batch_size, cfg.max_new_tokens)
+        compile_steps(engine, cfg.compile, cfg.steps * per_step)
+        return engine
 
     def _in_rollout_dtype(self, model: CausalLM) -> CausalLM:
         dtype = DTYPES[self.cfg.rollout_dtype]
