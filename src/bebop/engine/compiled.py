@@ -2,10 +2,10 @@
 
     steps = compile_steps(model, "on")      # or "auto" with the run's expected decode steps
     hidden = trunk_forward(model, ids, cache, counts)       # compiled when it can be, else eager
-    hidden = mtp_forward(model, hidden, tokens, depth, mtp_cache, ones)
+    hidden = mtp_forward(model, hidden, tokens, depth, mtp_cache, counts)
 
 What compiles: the trunk forward over a chunk of at most MAX_COMPILED_CHUNK tokens (a plain decode
-step, a verify over k+1 tokens) and the MTP head's one-token drafting forward (depths >= 2), each
+step, a verify over k+1 tokens) and the MTP head's forwards (the refresh and the drafting steps), each
 through `torch.compile(fullgraph=True)` over bebop.model.static_cache's view of the preallocated KV
 cache (views of its used span, written in place), so a step's graph depends on no host state. The
 batch and span dimensions are dynamic: one graph serves every live-batch size from 2 up (one more
@@ -13,8 +13,10 @@ for batch 1, which torch specialises) and every span, so a step at any batch siz
 run with other prompts and every RL step reuse it, with no padding rows; the chunk length is static
 (a graph for plain steps, one per verify width). Weights are graph inputs, and the graphs guard on
 the module's structure, not its identity: an optimizer's in-place update (each RL step) and a
-copy of the same shape reuse them. What stays eager: a prefill or an MTP refresh (ragged chunks of
-any length), a hybrid trunk (Gated DeltaNet states).
+copy of the same shape reuse them. The MTP refresh (depth 1 over each row's newly valid positions, a
+ragged chunk of 1..k+1 tokens in a decode step) compiles with its chunk length dynamic too. What stays
+eager: a prefill, a catch-up refresh longer than MAX_COMPILED_CHUNK, a hybrid trunk (Gated DeltaNet
+states).
 
 Compiled code is cached on disk by inductor (TORCHINDUCTOR_CACHE_DIR, by default under /tmp):
 measured on the embedded default, a graph costs 25-40 s the first time on this 2-core VM and
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections import Counter
 
 import torch
 
@@ -90,19 +93,24 @@ def trunk_forward(model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: to
     eager = lambda: model(ids, cache, counts)  # noqa: E731
     if steps is None or steps.failed or ids.shape[1] > MAX_COMPILED_CHUNK:
         return eager()
-    return steps.run(steps.trunk, eager, model, cache, ids.shape[1], ids, counts)
+    return steps.run("trunk", steps.trunk, eager, model, cache, ids.shape[1], ids, counts)
 
 
 def mtp_forward(model: CausalLM, hidden: torch.Tensor, tokens: torch.Tensor, depth: int, cache: KVCache,
-                ones: torch.Tensor) -> torch.Tensor:
-    """One drafting step of the head at depth >= 2: hidden (B, 1, H), tokens (B, 1) -> (B, 1, H)."""
+                counts: torch.Tensor) -> torch.Tensor:
+    """One MTP step at `depth`: hidden (B, T, H), tokens (B, T), counts (B,) -> (B, T, H), compiled when it can be.
+
+    Depth 1 is the refresh over a ragged chunk (T up to MAX_COMPILED_CHUNK compiles: one graph for every
+    T >= 2, T a dynamic dimension); depths >= 2 draft one token (T = 1)."""
     steps = _STEPS.get(model)
     mtp = model.require_mtp()
-    eager = lambda: mtp(hidden, model.embed(tokens), depth, cache, ones)  # noqa: E731
-    if steps is None or steps.failed:
+    eager = lambda: mtp(hidden, model.embed(tokens), depth, cache, counts)  # noqa: E731
+    if steps is None or steps.failed or tokens.shape[1] > MAX_COMPILED_CHUNK:
         return eager()
-    chain_depth = depth if mtp.num_layers > 1 else 2  # one layer: every depth >= 2 is the same graph
-    return steps.run(steps.mtp, eager, model, cache, 1, hidden, tokens, chain_depth, ones)
+    graph_depth = depth if mtp.num_layers > 1 else 1  # one layer: every depth runs the same layer and mask
+    name = "refresh" if depth == 1 else "draft"
+    return steps.run(name, steps.mtp, eager, model, cache, tokens.shape[1], hidden.contiguous(), tokens, graph_depth,
+                     counts, dynamic_chunk=depth == 1)
 
 
 def _trunk(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
@@ -124,22 +132,30 @@ class CompiledSteps:
         self.trunk = torch.compile(_trunk, fullgraph=True, dynamic=False)
         self.mtp = torch.compile(_mtp, fullgraph=True, dynamic=False)
         self.failed: str | None = None
-        self.calls = 0  # steps that ran compiled
+        self.calls: Counter[str] = Counter()  # forwards that ran compiled: "trunk", "refresh", "draft"
 
-    def run(self, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args) -> torch.Tensor:
+    def run(self, name: str, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
+            dynamic_chunk: bool = False) -> torch.Tensor:
         """fn(model, views of the cache's used span, *args), the host span advanced as an eager forward does;
-        `eager()` instead when compiling fails."""
+        `eager()` instead when compiling fails. `dynamic_chunk`: dimension 1 of the chunk's (B, T, ...) inputs is
+        dynamic (one graph for every chunk length from 2 up)."""
         cache.check_room(chunk_len)
         cfg = model.config
-        rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, cache.capacity)  # built outside
+        rope = rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, cache.capacity)  # built outside
         span = cache.span + chunk_len
         k = [t[:, :, :span] for t in cache.k]  # (B, Hkv, span, Dh) views: the writes land in the cache
         v = [t[:, :, :span] for t in cache.v]
         for t in k + v:
             torch._dynamo.mark_dynamic(t, 2)  # one graph for every span
+        for t in rope:
+            torch._dynamo.mark_dynamic(t, 0)  # and every rope table (it grows with the caches' capacity)
         if cache.batch_size > 1:  # batch 1 is its own graph (torch specialises size 1)
             for t in [*k, *v, cache.lengths, *(a for a in args if isinstance(a, torch.Tensor))]:
                 torch._dynamo.mark_dynamic(t, 0)
+        if dynamic_chunk and chunk_len > 1:
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.dim() >= 2:
+                    torch._dynamo.mark_dynamic(a, 1)
         try:
             out = fn(model, k, v, cache.lengths, *args)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
@@ -149,7 +165,7 @@ class CompiledSteps:
             _say(f"compiling the decoding step failed ({self.failed})")
             return eager()
         cache.span += chunk_len
-        self.calls += 1
+        self.calls[name] += 1
         return out
 
 

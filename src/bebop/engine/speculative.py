@@ -87,9 +87,8 @@ def _draft(model: CausalLM, mtp_cache, ref_hidden: torch.Tensor, ref_tokens: tor
 
     ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,); rows: each row's prompt index
     -> drafts (R, k), draft_probs (R, k, V)."""
-    mtp = model.require_mtp()
     batch = ref_hidden.shape[0]
-    out = mtp(ref_hidden, model.embed(ref_tokens), 1, mtp_cache, ref_count)  # (R, W, H)
+    out = mtp_forward(model, ref_hidden, ref_tokens, 1, mtp_cache, ref_count)  # (R, W, H): the refresh
     hidden = out[torch.arange(batch), (ref_count - 1).clamp_min(0)]  # (R, H)
     ones = torch.ones(batch, dtype=torch.long, device=hidden.device)
     tokens: list[torch.Tensor] = []  # (R,) per depth
