@@ -4,10 +4,11 @@ rollout worker and the trainer.
     python benchmarks/rl_step.py --model DIR [--steps 6] [--runs sync:off,sync:rs,async:rs@1/1,async:rs@0/0]
                                  [--k auto] [--group-size 8] [--batch-prompts 8] [--max-new-tokens 384]
 
-DIR is a policy with a trained MTP head. A run is MODE:SPEC[@ROLLOUT_THREADS/TRAIN_THREADS][+DTYPE]
-(0 = torch's default, every core; DTYPE the training precision, float32 or bfloat16). To compare
-revisions, run this script alternately with PYTHONPATH=WORKTREE/src (float32 runs pass no dtype, so an
-older bebop runs them too). Each run trains --steps GRPO steps from the same policy and seed
+DIR is a policy with a trained MTP head. A run is MODE:SPEC[@ROLLOUT_THREADS/TRAIN_THREADS][+OPTION...]
+(0 = torch's default, every core; an OPTION is `compile` (--compile on), `rollout-bfloat16` (--rollout-dtype)
+or the training precision, float32 or bfloat16). To compare revisions, run this script alternately with
+PYTHONPATH=WORKTREE/src (runs without options pass none, so an older bebop runs them too).
+Each run trains --steps GRPO steps from the same policy and seed
 into a temporary directory; its step time is the median over the steps after the first (which
 pays first-call costs: the cost profile, allocations). Prints one JSON line per run with the step
 split and the speedup of its median step over the first run's.
@@ -28,12 +29,20 @@ from common import machine
 
 
 def parse_run(text: str) -> dict:
-    text_no_dtype, _, dtype = text.partition("+")
-    name, _, threads = text_no_dtype.partition("@")
+    head, *options = text.split("+")
+    name, _, threads = head.partition("@")
     mode, spec = name.split(":")
     rollout, train = (int(x) for x in threads.split("/")) if threads else (0, 0)
+    extra = {}
+    for option in options:  # compile, rollout-bfloat16, or the training dtype
+        if option == "compile":
+            extra["compile"] = "on"
+        elif option.startswith("rollout-"):
+            extra["rollout_dtype"] = option.removeprefix("rollout-")
+        else:
+            extra["dtype"] = option
     return {"name": text, "mode": mode, "spec": spec, "rollout_threads": rollout, "train_threads": train,
-            "dtype": dtype or "float32"}
+            "extra": extra}
 
 
 def main() -> None:
@@ -55,7 +64,7 @@ def main() -> None:
                        batch_prompts=args.batch_prompts,
                        max_new_tokens=args.max_new_tokens, save_every=args.steps,
                        rollout_threads=run["rollout_threads"], train_threads=run["train_threads"],
-                       **({"dtype": run["dtype"]} if run["dtype"] != "float32" else {}),
+                       **run["extra"],
                        **({"micro_batch_size": args.micro_batch_size} if args.micro_batch_size else {}))
         with tempfile.TemporaryDirectory() as tmp:
             train_rl(Path(tmp) / "run", cfg, progress=False)
@@ -68,7 +77,8 @@ def main() -> None:
                           "reward": round(statistics.mean(r["reward"] for r in rows), 3),
                           "accept_len": round(statistics.mean(r["mean_acceptance_length"] for r in rows), 3),
                           "response_len_p50": statistics.median(r["response_len_p50"] for r in rows),
-                          "response_len_max": max(r["response_len_max"] for r in rows)}), flush=True)
+                          "response_len_max": max(r["response_len_max"] for r in rows),
+                          "rollout_share": round(med["rollout_s"] / med["step_s"], 3)}), flush=True)
     print(json.dumps({"machine": machine()}))
 
 
