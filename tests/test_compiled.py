@@ -59,6 +59,8 @@ def test_graphs_are_reused_across_batch_sizes_and_weight_updates(compiled_model)
     before = unique_graphs()
     decode(prompts[:3], 24)
     decode([p * 3 for p in prompts[2:]], 30)
+    for k in (2, 5):  # other verify widths (as --k auto picks): the chunk length is a dynamic dimension
+        speculative_generate(compiled_model, prompts, k=k, mode="rs", max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])
     with torch.no_grad():
         for p in compiled_model.parameters():
             p.add_(torch.randn_like(p), alpha=0.05)

@@ -10,8 +10,9 @@ through `torch.compile(fullgraph=True)` over bebop.model.static_cache's view of 
 cache (views of its used span, written in place), so a step's graph depends on no host state. The
 batch and span dimensions are dynamic: one graph serves every live-batch size from 2 up (one more
 for batch 1, which torch specialises) and every span, so a step at any batch size and length, a
-run with other prompts and every RL step reuse it, with no padding rows; the chunk length is static
-(a graph for plain steps, one per verify width). Weights are graph inputs, and the graphs guard on
+run with other prompts and every RL step reuse it, with no padding rows; the chunk length is dynamic
+from 2 up (a graph for plain steps, one for every verify width: `--k auto` choosing a new k mid-run
+compiles nothing). Weights are graph inputs, and the graphs guard on
 the module's structure, not its identity: an optimizer's in-place update (each RL step) and a
 copy of the same shape reuse them. The MTP refresh (depth 1 over each row's newly valid positions, a
 ragged chunk of 1..k+1 tokens in a decode step) compiles with its chunk length dynamic too. What stays
@@ -93,7 +94,7 @@ def trunk_forward(model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: to
     eager = lambda: model(ids, cache, counts)  # noqa: E731
     if steps is None or steps.failed or ids.shape[1] > MAX_COMPILED_CHUNK:
         return eager()
-    return steps.run("trunk", steps.trunk, eager, model, cache, ids.shape[1], ids, counts)
+    return steps.run("trunk", steps.trunk, eager, model, cache, ids.shape[1], ids, counts, dynamic_chunk=True)
 
 
 def mtp_forward(model: CausalLM, hidden: torch.Tensor, tokens: torch.Tensor, depth: int, cache: KVCache,
