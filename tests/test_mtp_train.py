@@ -225,3 +225,17 @@ def test_ce_warmup_switches_loss_once():
 def test_a_bad_dtype_fails_when_the_config_is_made():
     with pytest.raises(BebopError, match="unknown training dtype 'float16'"):
         MTPTrainConfig(dtype="float16")
+
+
+def test_training_on_given_rollouts_equals_self_distillation_on_the_same_tokens(headed_model, tmp_path):
+    """`--rollouts FILE`: the same token ids give the same head as the self-distillation path that sampled them
+    (here the file is that path's own sample cache, read as any engine's dump: prompt_ids + completion_ids)."""
+    sampled = tmp_path / "sampled"
+    train_mtp(headed_model, _cfg(steps=6), out=sampled, progress=False, data_cache=tmp_path / "cache")
+    (cache,) = (tmp_path / "cache").glob("*.jsonl")
+    given = tmp_path / "given"
+    train_mtp(headed_model, _cfg(steps=6, rollouts=str(cache)), out=given, progress=False,
+              data_cache=tmp_path / "unused")
+    assert not (tmp_path / "unused").exists()  # nothing sampled
+    a, b = load_model(sampled).state_dict(), load_model(given).state_dict()
+    assert all(torch.equal(a[name], b[name]) for name in a)

@@ -38,17 +38,19 @@ def _section_commands(title: str) -> list[list[str]]:
 # what shrinks the worked example to seconds: appended flags override the README's (argparse: last wins)
 SMALL = {"init": [], "train": ["--steps", "3", "--num-samples", "4", "--max-new-tokens", "8", "--batch-size", "2",
                                "--depths", "2", "--save-every", "3"],
+         "diagnose": ["--k", "2", "--batch-size", "16"],
          "rl": ["--steps", "2", "--group-size", "2", "--batch-prompts", "2", "--max-new-tokens", "8", "--k", "2",
                 "--eval-every", "1", "--no-progress"]}
 
 
 def test_your_own_model_and_data_worked_example_runs_as_written(hf_model_dir, tmp_path, monkeypatch):
     """A Hugging Face Qwen3 directory with a chat template, a verl-format parquet file, `bebop mtp init`,
-    `bebop mtp train --data`, then `bebop rl --data --spec rs`: the README's commands, as written."""
+    `bebop mtp train --data`, `bebop rl --data --spec rs`, then `bebop mtp diagnose` and `bebop mtp train
+    --rollouts` on its dumped rollouts: the README's commands, as written."""
     pytest.importorskip("pyarrow")
     pytest.importorskip("math_verify")
     commands = _section_commands("Your own model and data")
-    assert [argv[:2] for argv in commands] == [["bebop", "mtp"], ["bebop", "mtp"], ["bebop", "rl"]]
+    assert [argv[1] if argv[1] == "rl" else argv[2] for argv in commands] == ["init", "train", "rl", "diagnose", "train"]
     monkeypatch.chdir(tmp_path)
     with_chat_template(hf_model_dir[1], tmp_path / "Qwen3-0.6B")
     (tmp_path / "gsm8k").mkdir()
@@ -60,3 +62,6 @@ def test_your_own_model_and_data_worked_example_runs_as_written(hf_model_dir, tm
     metrics = [json.loads(line) for line in (tmp_path / "runs/rl-gsm8k/metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and all(m["eval_reward"] is not None for m in metrics)
     assert all(m["acceptance_rate"] is not None for m in metrics)  # the rollouts were speculative
+    report = json.loads((tmp_path / "runs/diagnosis/diagnosis.json").read_text())  # the RL run's own rollouts
+    assert len(report["rs_acceptance_per_depth"]) == 2 and report["positions"] > 0
+    assert (tmp_path / "runs/qwen3-mtp-tuned/mtp_metrics.jsonl").is_file()  # trained on the dumped token ids

@@ -32,6 +32,8 @@ def test_every_step_is_dumped_with_its_responses(headed, digit_reward, tmp_path)
         assert sum(r["policy_tokens"] for r in rows) == m["generated_tokens"]
         assert all(r["acceptance_length"] >= 1.0 for r in rows)
         assert all(codec.encode(r["prompt"]) and isinstance(r["completion"], str) for r in rows)
+        assert all(codec.decode(r["prompt_ids"]) == r["prompt"] and codec.decode(r["response_ids"]) == r["completion"]
+                   for r in rows)  # the ids `bebop mtp diagnose` reads
 
 
 def test_the_flag_turns_it_off(headed, digit_reward, tmp_path, capsys):

@@ -16,7 +16,7 @@ from bebop.policy import load_policy
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    p = sub.add_parser("mtp", help="MTP draft heads: init, train, eval")
+    p = sub.add_parser("mtp", help="MTP draft heads: init, train, eval, study, diagnose, export")
     mtp_sub = p.add_subparsers(dest="mtp_command", required=True)
     init = mtp_sub.add_parser("init", help="add a freshly initialised MTP head to a model directory")
     init.add_argument("--model", required=True)
@@ -28,7 +28,79 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     _add_train(mtp_sub)
     _add_eval(mtp_sub)
     _add_study(mtp_sub)
+    _add_diagnose(mtp_sub)
+    _add_export(mtp_sub)
     return mtp_sub
+
+
+def _add_export(mtp_sub) -> None:
+    from bebop.mtp.export import ENGINES
+
+    p = mtp_sub.add_parser("export", help="write the model with its head as vLLM's or SGLang's MTP loader reads it")
+    p.add_argument("--model", required=True)
+    p.add_argument("--engine", required=True, choices=ENGINES)
+    p.add_argument("--out", required=True)
+    p.add_argument("--k", type=int, default=3, help="drafts per step in the printed launch settings")
+    p.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> None:
+    from bebop.mtp.export import export_head
+
+    if args.k < 1:
+        raise BebopError(f"--k must be >= 1, got {args.k}")
+    print(export_head(args.model, engine=args.engine, out=args.out, k=args.k))
+
+
+def _add_diagnose(mtp_sub) -> None:
+    p = mtp_sub.add_parser("diagnose", help="the head's expected acceptance on rollouts another engine generated")
+    p.add_argument("--model", required=True, help="the policy with its MTP head")
+    p.add_argument("--rollouts", required=True, help="JSONL (or a JSON list): token ids as verl, vLLM, SGLang or "
+                                                     "bebop dump them, or prompt/completion text")
+    p.add_argument("--k", type=int, default=3, help="drafts per step for the per-depth numbers (1..8)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the RS chains' sampling")
+    p.add_argument("--entropy-bins", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=64, help="drafting positions per forward")
+    p.add_argument("--baseline", help="a second rollout file (for example RL step 0's; --rollouts step N's): split the "
+                                      "change in acceptance into its entropy part and the mismatch remainder")
+    p.add_argument("--engine-metrics", help="the engine's own counters as JSON (vLLM's spec_decode_* or SGLang's "
+                                            "accept_length), compared with the acceptance the head allows")
+    p.add_argument("--out", help="directory for diagnosis.json and diagnosis.md (default: ROLLOUTS.diagnosis/)")
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=run_diagnose)
+
+
+def run_diagnose(args: argparse.Namespace) -> None:
+    from bebop.mtp.diagnose import diagnose
+    from bebop.mtp.diagnose_report import write_diagnosis
+    from bebop.mtp.engine_counters import compare, read_counters
+    from bebop.mtp.rollout_files import read_rollouts
+    from bebop.sampling import SamplingParams
+
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
+    if not 1 <= args.k <= 8:
+        raise BebopError(f"--k must be in [1, 8], got {args.k}")
+    if args.batch_size < 1:
+        raise BebopError(f"--batch-size must be >= 1, got {args.batch_size}")
+    counters = read_counters(args.engine_metrics) if args.engine_metrics else None
+    k = max(args.k, min(8, len(counters.get("accepted_per_pos", [])))) if counters else args.k  # the engine's K too
+    policy = load_policy(args.model, device=args.device)
+    policy.model.require_mtp()
+    pairs = read_rollouts(args.rollouts, policy)
+    baseline = read_rollouts(args.baseline, policy) if args.baseline else None
+    report = diagnose(policy, pairs, k=k, sampling=sampling, seed=args.seed, entropy_bins=args.entropy_bins,
+                      batch_size=args.batch_size, baseline=baseline)
+    report |= {"model": str(args.model), "source": str(args.rollouts), "baseline": args.baseline}
+    if counters:
+        report["engine_metrics"] = compare(counters, report)
+    out = Path(args.out) if args.out else Path(f"{args.rollouts}.diagnosis")
+    for path in write_diagnosis(report, out):
+        print(f"wrote {path}")
+    print(json.dumps({key: report[key] for key in ("rs_acceptance_per_depth", "to_acceptance_per_depth",
+                                                   "mean_acceptance_length")}))
 
 
 def _add_study(mtp_sub) -> None:

@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 from bebop.chat import parse_template_kwargs
+from bebop.encoding import env_token_mask
 from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.losses import DRAFT_LOSSES, DraftHiddenInputs, DraftLossInputs, DraftLossOutput, draft_loss_from_hidden
@@ -39,6 +40,7 @@ from bebop.model.checkpoint import save_model
 from bebop.model.mtp import MTP_PREFIX
 from bebop.mtp.chain import chain_forward, shifted
 from bebop.mtp.data import Sequence, demonstration_data, selfdistill_data
+from bebop.mtp.rollout_files import read_rollouts
 from bebop.policy import Policy, load_policy, resolve_device
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
 from bebop.tasks.dataset_task import COMPLETIONS, PROMPTS, run_task
@@ -72,6 +74,9 @@ class MTPTrainConfig:
     data: str = opt("", "your own prompts for self-distillation: a JSONL or parquet file (verl or TRL rows)")
     chat_template_kwargs: str = opt("", "extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' "
                                     "turns Qwen3's thinking off")
+    rollouts: str = opt("", "train on these token ids instead of self-distillation samples: any engine's or RL "
+                        "framework's rollouts (the formats `bebop mtp diagnose` reads), used as given; targets are "
+                        "still the trunk's own distributions")
     num_samples: int = opt(512, "self-distillation samples from the policy")
     num_demos: int = opt(0, "task demonstrations mixed in")
     max_new_tokens: int = opt(192, "per self-distillation sample")
@@ -91,7 +96,7 @@ class MTPTrainConfig:
             raise BebopError(f"unknown loss {self.loss!r}; choose from {', '.join(DRAFT_LOSSES)}")
         if self.depths < 1:
             raise BebopError(f"--depths must be >= 1, got {self.depths}")
-        if self.steps < 1 or self.batch_size < 1 or self.num_samples + self.num_demos < 1:
+        if self.steps < 1 or self.batch_size < 1 or (self.num_samples + self.num_demos < 1 and not self.rollouts):
             raise BebopError("--steps, --batch-size and the number of sequences must be >= 1")
         if not 0 <= self.ce_warmup_steps < self.steps:
             raise BebopError(f"--ce-warmup-steps must be in [0, steps), got {self.ce_warmup_steps}")
@@ -178,6 +183,9 @@ def freeze_trunk(policy: Policy) -> list[torch.nn.Parameter]:
 
 
 def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bool) -> list[Sequence]:
+    if cfg.rollouts:  # the given token ids, no sampling; environment observations found by their markers
+        return [Sequence(r.prompt_ids, r.response_ids, env_token_mask(r.response_ids, policy.codec))
+                for r in read_rollouts(cfg.rollouts, policy)]
     need = COMPLETIONS if cfg.num_demos else PROMPTS  # demonstrations from a file are its completions
     task = run_task(policy, task=cfg.task, difficulty=1, data=cfg.data, need=need)
     data = []

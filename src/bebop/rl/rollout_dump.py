@@ -2,10 +2,12 @@
 verl's rollout dumps (`bebop rl --dump-rollouts off` turns them off).
 
     {"step": 3, "index": 5, "group": 1, "prompt": "...", "completion": "...", "reward": 1.0,
-     "policy_version": 2, "policy_tokens": 57, "acceptance_length": 2.85, "truncated": false}
+     "policy_version": 2, "policy_tokens": 57, "acceptance_length": 2.85, "truncated": false,
+     "prompt_ids": [...], "response_ids": [...]}
 
 prompt: the prompt as the model read it (a chat rendered with its template); completion: every
-token after it, environment observations included; acceptance_length: the response's policy tokens
+token after it, environment observations included (prompt_ids and response_ids: the same as token ids, verl's
+names, what `bebop mtp diagnose` reads); acceptance_length: the response's policy tokens
 per target forward (1.0 without speculation). Each file is written atomically; a resumed run
 rewrites the files of the steps it redoes.
 """
@@ -30,7 +32,8 @@ def dump_rollouts(run_dir: Path, step: int, batch: RolloutBatch, codec: TextCode
              "completion": codec.decode(r.token_ids), "reward": r.reward, "policy_version": r.policy_version,
              "policy_tokens": r.num_policy_tokens,
              "acceptance_length": None if r.acceptance_length is None else round(r.acceptance_length, 4),
-             "truncated": r.truncated} for i, r in enumerate(batch.rollouts)]
+             "truncated": r.truncated, "prompt_ids": list(r.prompt_ids), "response_ids": list(r.token_ids)}
+            for i, r in enumerate(batch.rollouts)]
     path = rollout_path(run_dir, step)
     write_jsonl(path, rows)  # atomic; makes the rollouts directory
     return path

@@ -3,6 +3,7 @@ the target's entropy at its position, in quantile bins with 95% intervals, and t
 with a bootstrap interval.
 
     log = metrics.draft_log                            # [(depth, H(p_depth) nats, accepted)], engine
+                                                       # (accepted: 0/1, or an expected acceptance in [0, 1])
     bins = entropy_bins(log, depths=3, bins=10)        # quantile bins of H over the whole curve
     fit = acceptance_slope(log, depth=1)               # d P(accept) / dH at depth 1, with its interval
 
@@ -37,14 +38,14 @@ def wilson(accepted: int, n: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _arrays(log: Sequence[tuple[int, float, bool]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _arrays(log: Sequence[tuple[int, float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if not log:
         raise BebopError("no verified drafts to bin (was the run made with log_drafts / --entropy-bins?)")
     depth, entropy, accepted = (np.asarray(col) for col in zip(*log))
-    return depth.astype(int), entropy.astype(float), accepted.astype(bool)
+    return depth.astype(int), entropy.astype(float), accepted.astype(float)  # 0/1, or an expected acceptance
 
 
-def entropy_bins(log: Sequence[tuple[int, float, bool]], depths: int, bins: int = 10) -> list[dict]:
+def entropy_bins(log: Sequence[tuple[int, float, float]], depths: int, bins: int = 10) -> list[dict]:
     """Quantile bins of the target entropy over every draft of the curve, acceptance per depth in each."""
     if bins < 1:
         raise BebopError(f"entropy bins must be >= 1, got {bins}")
@@ -57,7 +58,8 @@ def entropy_bins(log: Sequence[tuple[int, float, bool]], depths: int, bins: int 
         per_depth = []
         for d in range(1, depths + 1):
             sel = inside & (depth == d)
-            n, acc = int(sel.sum()), int(accepted[sel].sum())
+            n, total = int(sel.sum()), float(accepted[sel].sum())
+            acc = int(total) if total.is_integer() else total  # a count, or expected acceptances (diagnose)
             low, high = wilson(acc, n)
             per_depth.append({"depth": d, "reached": n, "accepted": acc, "rate": acc / n if n else None,
                               "low": low, "high": high})
@@ -72,12 +74,12 @@ def _ols_slope(x: np.ndarray, y: np.ndarray) -> float:
     return float(((x - x.mean()) * (y - y.mean())).sum() / sxx) if sxx > 0 else float("nan")
 
 
-def acceptance_slope(log: Sequence[tuple[int, float, bool]], depth: int = 1, resamples: int = RESAMPLES,
+def acceptance_slope(log: Sequence[tuple[int, float, float]], depth: int = 1, resamples: int = RESAMPLES,
                      seed: int = 0) -> dict:
     """OLS slope of P(accept) on entropy over the depth-`depth` drafts, with a 95% bootstrap interval."""
     depths, entropy, accepted = _arrays(log)
     sel = depths == depth
-    x, y = entropy[sel], accepted[sel].astype(float)
+    x, y = entropy[sel], accepted[sel]
     if len(x) < 3 or float(x.std()) == 0.0:
         raise BebopError(f"the entropy law needs >= 3 depth-{depth} drafts with different entropies, got {len(x)}")
     rng = np.random.default_rng(seed)
@@ -89,7 +91,7 @@ def acceptance_slope(log: Sequence[tuple[int, float, bool]], depth: int = 1, res
             "low": float(np.quantile(boot, 0.025)), "high": float(np.quantile(boot, 0.975)), "n": int(len(x))}
 
 
-def per_token_law(log: Sequence[tuple[int, float, bool]], depths: int, bins: int) -> dict:
+def per_token_law(log: Sequence[tuple[int, float, float]], depths: int, bins: int) -> dict:
     """{"entropy_bins": [...], "first_draft_slope": {...} or None when the drafts cannot give one}."""
     try:
         slope: dict | None = acceptance_slope(log, depth=1)
