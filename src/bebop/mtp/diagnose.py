@@ -71,8 +71,8 @@ def engine_view(reach: Sequence[torch.Tensor], k: int) -> dict:
     num = np.zeros((len(reach), k))  # per sequence: sum_j w_j P(through d)
     den = np.zeros((len(reach), k))  # sum_j w_j P(through d-1)
     steps = np.zeros(len(reach))
-    for i, r in enumerate(reach):
-        r = r.numpy()
+    for i, seq in enumerate(reach):
+        r = seq.numpy()  # (N, D)
         w = renewal_weights(r, k)
         through = np.concatenate([np.ones((len(r), 1)), r[:, :k]], axis=1)  # (N, k+1)
         num[i] = w @ through[:, 1:]

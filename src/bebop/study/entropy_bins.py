@@ -28,7 +28,7 @@ Z95 = 1.959964  # two-sided 95% normal quantile
 RESAMPLES = 400
 
 
-def wilson(accepted: int, n: int, z: float = Z95) -> tuple[float, float]:
+def wilson(accepted: float, n: int, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of a binomial rate (0, 1 for n = 0)."""
     if n == 0:
         return 0.0, 1.0
