@@ -230,3 +230,20 @@ def test_depth_two_follows_the_law_of_an_accepted_draft(policy):
                              generator=torch.Generator().manual_seed(0), batch_size=500)
     draws = torch.cat([r[:, 1] for r in chains.rs_reach])  # (n,) alpha_1 * alpha_2(y) per chain
     assert abs(float(draws.mean()) - exact) < 4 * float(draws.std()) / n ** 0.5, (float(draws.mean()), exact)
+
+
+def test_the_monitor_reads_counters_as_steps():
+    """EngineMonitor turns cumulative vLLM counters into per-step acceptance (the docs/api.md example covers the
+    alarm); counters that go down are refused."""
+    from bebop.errors import BebopError
+    from bebop.monitor import EngineMonitor
+
+    monitor = EngineMonitor()
+    first = monitor.observe({"spec_decode_num_drafts": 100, "spec_decode_num_draft_tokens": 200,
+                             "spec_decode_num_accepted_tokens_per_pos": [60, 30]})
+    second = monitor.observe({"spec_decode_num_drafts": 300, "spec_decode_num_draft_tokens": 600,
+                              "spec_decode_num_accepted_tokens_per_pos": [80, 35]})
+    assert first["acceptance_rate_per_position"] == [0.6, 0.3] and second["acceptance_rate_per_position"] == [0.1, 0.025]
+    assert second["mean_acceptance_length"] == pytest.approx(1 + 25 / 200)
+    with pytest.raises(BebopError, match="went down"):
+        monitor.observe({"spec_decode_num_drafts": 10, "spec_decode_num_accepted_tokens_per_pos": [1, 0]})

@@ -29,17 +29,23 @@ def read_counters(path: str | os.PathLike) -> dict:
         raise BebopError(f"cannot read engine metrics {path}: {exc}") from None
     if not isinstance(raw, dict):
         raise BebopError(f"{path}: engine metrics must be a JSON object of counters")
+    return parse_counters(raw, str(path))
+
+
+def parse_counters(raw: dict, where: str = "engine metrics") -> dict:
+    """vLLM's counters ("vllm:" prefix optional) or SGLang's accept_length -> {"engine", "num_drafts", ...}."""
     counters = {key.removeprefix("vllm:").removeprefix("sglang:"): value for key, value in raw.items()}
     if all(key in counters for key in VLLM_KEYS):
         per_pos = counters["spec_decode_num_accepted_tokens_per_pos"]
         if not isinstance(per_pos, list) or not all(isinstance(x, (int, float)) for x in per_pos):
-            raise BebopError(f"{path}: spec_decode_num_accepted_tokens_per_pos must be a list of counts")
+            raise BebopError(f"{where}: spec_decode_num_accepted_tokens_per_pos must be a list of counts")
         return {"engine": "vllm", "num_drafts": float(counters["spec_decode_num_drafts"]),
+                "num_draft_tokens": float(counters.get("spec_decode_num_draft_tokens", 0)),
                 "accepted_per_pos": [float(x) for x in per_pos]}
     if "accept_length" in counters:
         return {"engine": "sglang", "accept_length": float(counters["accept_length"]),
                 "num_drafts": float(counters.get("num_drafts", 0))}
-    raise BebopError(f"{path}: no speculative-decoding counters (need vLLM's {' and '.join(VLLM_KEYS)}, "
+    raise BebopError(f"{where}: no speculative-decoding counters (need vLLM's {' and '.join(VLLM_KEYS)}, "
                      "or SGLang's accept_length)")
 
 
