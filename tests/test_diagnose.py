@@ -147,6 +147,8 @@ def test_cli_writes_the_diagnosis(headed, tmp_path, capsys):
     assert len(report["rs_acceptance_per_depth"]) == len(report["to_acceptance_per_depth"]) == 2
     assert set(report["mean_acceptance_length"]["rs"]) == {str(k) for k in range(1, 9)}
     assert "| 2 |" in (tmp_path / "r.jsonl.diagnosis" / "diagnosis.md").read_text()
+    for png in ("acceptance_per_depth.png", "acceptance_length.png", "acceptance_vs_entropy.png"):
+        assert (tmp_path / "r.jsonl.diagnosis" / png).stat().st_size > 1000
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rs_acceptance_per_depth"]
 
 

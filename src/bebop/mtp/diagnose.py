@@ -8,7 +8,8 @@ would measure on these sequences: a speculative run's steps do not start at ever
 step's accepted run, so the starts are weighted by the probability that a step starts there (a renewal over
 the chain's acceptance law at the given K: a step at start j accepting a drafts starts the next at j+a+1).
 Per depth d <= K: acceptance = sum_j w_j P(accepted through d) / sum_j w_j P(accepted through d-1), under RS
-and TO; the mean acceptance length at K = 1 + sum_j w_j sum_{d<=K} P(through d) / sum_j w_j (vLLM's
+and TO (conditional on reaching d; `*_acceptance_rate_per_position` is vLLM's unconditional accepted at d /
+drafts); the mean acceptance length at K = 1 + sum_j w_j sum_{d<=K} P(through d) / sum_j w_j (vLLM's
 1 + accepted / drafts). Intervals are 95% normal intervals of these ratios over sequences as clusters (the
 starts of one sequence are not independent). Also: the per-position averages (every start weighted alike),
 the share of positions where RS beats TO (TV(p, q) < 1 - p(argmax q), docs/method.md section 5), the
@@ -79,8 +80,9 @@ def engine_view(reach: Sequence[torch.Tensor], k: int) -> dict:
         den[i] = w @ through[:, :-1]
         steps[i] = w.sum()
     per_depth = [ratio_interval(num[:, d], den[:, d]) for d in range(k)]
+    rate = [ratio_interval(num[:, d], steps)["value"] for d in range(k)]  # vLLM's: accepted at d / drafts
     length = ratio_interval(steps + num.sum(1), steps)
-    return {"per_depth": per_depth, "mean_acceptance_length": length}
+    return {"per_depth": per_depth, "rate_per_position": rate, "mean_acceptance_length": length}
 
 
 def per_position(reach: Sequence[torch.Tensor], k: int) -> list[float | None]:
@@ -152,6 +154,8 @@ def summarise(chains: Chains, k: int, sampling: SamplingParams, entropy_bins: in
         "positions": chains.starts,
         "rs_acceptance_per_depth": [x["value"] for x in at_k["rs"]["per_depth"]],
         "to_acceptance_per_depth": [x["value"] for x in at_k["to"]["per_depth"]],
+        "rs_acceptance_rate_per_position": at_k["rs"]["rate_per_position"],  # vLLM's definition, unconditional
+        "to_acceptance_rate_per_position": at_k["to"]["rate_per_position"],
         "rs_acceptance_intervals": [[x["low"], x["high"]] for x in at_k["rs"]["per_depth"]],
         "to_acceptance_intervals": [[x["low"], x["high"]] for x in at_k["to"]["per_depth"]],
         "mean_acceptance_length": {mode: {str(kk): v["mean_acceptance_length"]["value"] for kk, v in views[mode].items()}

@@ -1,10 +1,11 @@
-"""diagnosis.json and diagnosis.md of `bebop mtp diagnose` (both written atomically)."""
+"""diagnosis.json, diagnosis.md and the figures of `bebop mtp diagnose` (each written atomically)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from bebop.fileio import atomic_write_json, atomic_write_text
+from bebop.mtp.diagnose_plots import write_plots
 
 
 def write_diagnosis(report: dict, out: Path) -> list[Path]:
@@ -12,7 +13,7 @@ def write_diagnosis(report: dict, out: Path) -> list[Path]:
     paths = [out / "diagnosis.json", out / "diagnosis.md"]
     atomic_write_json(paths[0], report)
     atomic_write_text(paths[1], render(report))
-    return paths
+    return paths + write_plots(report, out)
 
 
 def _num(x: float | None, digits: int = 3) -> str:
