@@ -249,3 +249,39 @@ def test_the_monitor_reads_counters_as_steps():
     assert second["mean_acceptance_length"] == pytest.approx(1 + 25 / 200)
     with pytest.raises(BebopError, match="went down"):
         monitor.observe({"spec_decode_num_drafts": 10, "spec_decode_num_accepted_tokens_per_pos": [1, 0]})
+
+
+def test_the_shared_prefill_equals_the_ragged_one(policy, monkeypatch):
+    """Attention-only trunks copy one prefill per sequence; hybrids prefill each start's prefix. On the same dense
+    model both give the same exact quantities (TO's chains, depth 1 under RS)."""
+    from bebop.mtp import exact
+
+    prompts = ids_of(PROMPTS[:3])
+    gens = generate(policy.model, prompts, max_new_tokens=12, sampling=SamplingParams(1.0),
+                    generator=torch.Generator().manual_seed(0))
+    seqs = [(p, g.token_ids) for p, g in zip(prompts, gens)]
+    shared = expected_chains(policy.model, seqs, depth=3, sampling=SamplingParams(1.0), batch_size=5)
+    monkeypatch.setattr(exact, "_open_shared", lambda model, prefixes, depth: exact._open_ragged(model, prefixes, depth, 0))
+    ragged = expected_chains(policy.model, seqs, depth=3, sampling=SamplingParams(1.0), batch_size=5)
+    for a, b in zip(shared.to_reach, ragged.to_reach):
+        assert torch.allclose(a, b, atol=1e-5)
+    for a, b in zip(shared.rs_reach, ragged.rs_reach):
+        assert torch.allclose(a[:, 0], b[:, 0], atol=1e-5)
+
+
+def test_a_hybrid_is_diagnosed(tmp_path):
+    """A Qwen3.5 (Gated DeltaNet layers: no cache cut-back) with a head: the ragged path, depth 1 exact."""
+    from bebop.model import load_model
+    from bebop.policy import Policy
+
+    from conftest import CHAR_CODEC
+    from qwen35_helpers import make_hf_qwen35
+
+    make_hf_qwen35(seed=2).save_pretrained(tmp_path / "q35")
+    model = load_model(tmp_path / "q35")
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    hybrid = Policy(model=model, codec=CHAR_CODEC)
+    prompt, response = ids_of(PROMPTS[:1])[0], [5, 9, 12, 7, 30]
+    report = diagnose(hybrid, [RolloutIds(1, prompt, response)] * 2, k=2, sampling=SamplingParams(1.0), progress=False)
+    assert report["positions"] == 2 * (len(response) - 1)
+    assert all(0.0 <= a <= 1.0 for a in report["rs_acceptance_per_depth"] + report["to_acceptance_per_depth"])
