@@ -273,9 +273,9 @@ def test_a_hybrid_is_diagnosed(tmp_path):
     """A Qwen3.5 (Gated DeltaNet layers: no cache cut-back) with a head: the ragged path, depth 1 exact."""
     from bebop.model import load_model
     from bebop.policy import Policy
+    from qwen35_helpers import make_hf_qwen35
 
     from conftest import CHAR_CODEC
-    from qwen35_helpers import make_hf_qwen35
 
     make_hf_qwen35(seed=2).save_pretrained(tmp_path / "q35")
     model = load_model(tmp_path / "q35")
