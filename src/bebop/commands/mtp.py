@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from bebop.commands.config_flags import add_config_flags, config_values
+from bebop.commands.flags import check_at_least_one
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
 from bebop.policy import load_policy
@@ -47,8 +48,7 @@ def _add_export(mtp_sub) -> None:
 def run_export(args: argparse.Namespace) -> None:
     from bebop.mtp.export import export_head
 
-    if args.k < 1:
-        raise BebopError(f"--k must be >= 1, got {args.k}")
+    check_at_least_one(args, "k")
     print(export_head(args.model, engine=args.engine, out=args.out, k=args.k))
 
 
@@ -74,19 +74,17 @@ def _add_diagnose(mtp_sub) -> None:
 
 
 def run_diagnose(args: argparse.Namespace) -> None:
-    from bebop.mtp.diagnose import diagnose
+    from bebop.mtp.diagnose import MAX_REPORTED_K, check_k, diagnose
     from bebop.mtp.diagnose_report import write_diagnosis
     from bebop.mtp.engine_counters import compare, read_counters
     from bebop.mtp.rollout_files import read_rollouts
     from bebop.sampling import SamplingParams
 
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
-    if not 1 <= args.k <= 8:
-        raise BebopError(f"--k must be in [1, 8], got {args.k}")
-    if args.batch_size < 1:
-        raise BebopError(f"--batch-size must be >= 1, got {args.batch_size}")
+    check_k(args.k)
+    check_at_least_one(args, "batch_size")
     counters = read_counters(args.engine_metrics) if args.engine_metrics else None
-    k = max(args.k, min(8, len(counters.get("accepted_per_pos", [])))) if counters else args.k  # the engine's K too
+    k = max(args.k, min(MAX_REPORTED_K, len(counters.get("accepted_per_pos", [])))) if counters else args.k  # the engine's K too
     policy = load_policy(args.model, device=args.device)
     policy.model.require_mtp()
     pairs = read_rollouts(args.rollouts, policy)

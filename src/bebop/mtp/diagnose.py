@@ -93,6 +93,11 @@ def per_position(reach: Sequence[torch.Tensor], k: int) -> list[float | None]:
     return [float(a / b) if b > 0 else None for a, b in zip(through[:, 1:].sum(0), den)]
 
 
+def check_k(k: int) -> None:
+    if not 1 <= k <= MAX_REPORTED_K:
+        raise BebopError(f"--k must be in [1, {MAX_REPORTED_K}], got {k}")
+
+
 def measure(policy: Policy, pairs: Sequence[RolloutIds], *, sampling: SamplingParams, seed: int = 0,
             batch_size: int = 64, progress: bool = True, what: str = "diagnose") -> Chains:
     """The head's chains (to depth MAX_REPORTED_K) at every drafting position of `pairs`."""
@@ -111,8 +116,7 @@ def diagnose(policy: Policy, pairs: Sequence[RolloutIds], *, k: int, sampling: S
              baseline: Sequence[RolloutIds] | None = None) -> dict:
     """The report of `pairs`; with `baseline` (for example RL step 0's rollouts, `pairs` step N's) also the change
     in depth-1 acceptance split into what the entropy change explains and the mismatch remainder."""
-    if not 1 <= k <= MAX_REPORTED_K:
-        raise BebopError(f"--k must be in [1, {MAX_REPORTED_K}], got {k}")
+    check_k(k)
     chains = measure(policy, pairs, sampling=sampling, seed=seed, batch_size=batch_size, progress=progress)
     report = summarise(chains, k, sampling, entropy_bins) | {"rollouts": len(pairs)}
     if baseline is not None:

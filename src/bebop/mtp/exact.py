@@ -56,19 +56,19 @@ class Chains:
         return sum(len(r) for r in self.rs_reach)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Start:
     seq: int  # which sequence
-    prefix: list[int]  # x_0..x_{t+1}: the prompt and the response up to the last emitted token
+    length: int  # of its prefix x_0..x_{t+1}: the prompt and the response up to the last emitted token
 
 
 def drafting_starts(sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[_Start]:
-    """(prompt_ids, response_ids) pairs -> every drafting step start (see the module text), in order."""
-    starts = []
-    for i, (prompt, response) in enumerate(sequences):
-        full = list(prompt) + list(response)
-        starts += [_Start(i, full[: len(prompt) + j + 1]) for j in range(len(response) - 1)]
-    return starts
+    """(prompt_ids, response_ids) pairs -> every drafting step start (see the module text), in sequence order."""
+    return [_Start(i, len(prompt) + j + 1) for i, (prompt, response) in enumerate(sequences)
+            for j in range(len(response) - 1)]
+
+
+COLUMNS = ("rs_reach", "to_reach", "entropy_1", "tv_1", "to_1")  # Chains' per-start fields
 
 
 @torch.inference_mode()
@@ -79,32 +79,25 @@ def expected_chains(model: CausalLM, sequences: Sequence[tuple[Sequence[int], Se
     `progress(n)` is called after each batch of n starts."""
     model.require_mtp()
     starts = drafting_starts(sequences)
-    out = Chains(depth)
-    per_seq: list[list[tuple[int, dict]]] = [[] for _ in sequences]
+    full = [list(prompt) + list(response) for prompt, response in sequences]
+    columns = {name: torch.zeros((len(starts), depth) if name.endswith("reach") else len(starts), dtype=torch.float64)
+               for name in COLUMNS}  # (N, D) or (N,), every start in sequence order
     diag_sum = torch.zeros(depth, len(FIELDS), dtype=torch.float64)
     diag_weight = torch.zeros(depth, dtype=torch.float64)
     shared = not model.config.linear_layers  # attention-only: a prefix is a length in a copied cache
     for idx in _batches(starts, batch_size, shared):
-        prefixes = [starts[j].prefix for j in idx]
+        prefixes = [full[starts[j].seq][: starts[j].length] for j in idx]
         opened = _open_shared(model, prefixes, depth) if shared else _open_ragged(model, prefixes, depth, pad_id)
         rows = _chain_batch(model, opened, depth, sampling, generator)
-        diag_sum += rows.pop("diag_sum")
-        diag_weight += rows.pop("diag_weight")
-        for b, j in enumerate(idx):
-            per_seq[starts[j].seq].append((len(starts[j].prefix), {k: v[b] for k, v in rows.items()}))
+        diag_sum += rows["diag_sum"]
+        diag_weight += rows["diag_weight"]
+        for name, column in columns.items():
+            column[idx] = rows[name].double()
         if progress:
             progress(len(idx))
-    for items in per_seq:
-        items.sort(key=lambda x: x[0])  # start order within the sequence
-        cols = {k: torch.stack([v[k] for _, v in items]) if items else torch.zeros(0, depth)
-                for k in ("rs_reach", "to_reach")}
-        out.rs_reach.append(cols["rs_reach"].double().reshape(-1, depth))
-        out.to_reach.append(cols["to_reach"].double().reshape(-1, depth))
-        for name in ("entropy_1", "tv_1", "to_1"):
-            getattr(out, name).append(torch.stack([v[name] for _, v in items]).double() if items
-                                      else torch.zeros(0, dtype=torch.float64))
-    out.diag_sum, out.diag_weight = diag_sum, diag_weight
-    return out
+    per_seq = [max(0, len(response) - 1) for _, response in sequences]  # starts of each sequence
+    return Chains(depth, **{name: list(column.split(per_seq)) for name, column in columns.items()},
+                  diag_sum=diag_sum, diag_weight=diag_weight)
 
 
 def _batches(starts: list[_Start], batch_size: int, shared: bool) -> list[list[int]]:
@@ -115,7 +108,7 @@ def _batches(starts: list[_Start], batch_size: int, shared: bool) -> list[list[i
         for j, st in enumerate(starts):
             by_seq.setdefault(st.seq, []).append(j)
         return [ids[lo: lo + batch_size] for ids in by_seq.values() for lo in range(0, len(ids), batch_size)]
-    order = sorted(range(len(starts)), key=lambda j: len(starts[j].prefix))
+    order = sorted(range(len(starts)), key=lambda j: starts[j].length)
     return [order[lo: lo + batch_size] for lo in range(0, len(order), batch_size)]
 
 
@@ -186,7 +179,8 @@ def _chain_batch(model: CausalLM, opened: _Opened, depth: int, sampling: Samplin
     for d in range(1, depth + 1):
         p = warp_probs(model.logits(h_trunk), sampling)  # (2B, V)
         q = warp_probs(model.mtp_logits(h_head), sampling)  # (2B, V)
-        alpha_rs = torch.minimum(p[:b], q[:b]).sum(-1)  # (B,)
+        overlap = torch.minimum(p[:b], q[:b])  # (B, V): the law of an accepted RS draft, unnormalised
+        alpha_rs = overlap.sum(-1)  # (B,)
         guess = q[b:].argmax(-1)  # (B,) TO's draft
         alpha_to = p[b:].gather(-1, guess[:, None])[:, 0]  # (B,)
         diag = row_diagnostics(torch.log(q[:b].clamp_min(1e-38))[:, None], p[:b, None])[:, 0].double().cpu()  # (B, F)
@@ -200,8 +194,7 @@ def _chain_batch(model: CausalLM, opened: _Opened, depth: int, sampling: Samplin
         to_reach.append(reach[b:])
         if d == depth:
             break
-        accepted = torch.minimum(p[:b], q[:b])  # (B, V): the law of an accepted RS draft, unnormalised
-        accepted = torch.where(alpha_rs[:, None] > 0, accepted, p[:b])  # unreachable rows: any token
+        accepted = torch.where(alpha_rs[:, None] > 0, overlap, p[:b])  # unreachable rows: any token
         y = torch.cat([sample(accepted / accepted.sum(-1, keepdim=True), generator), guess])  # (2B,)
         h_trunk = model(y[:, None], cache, ones)[:, 0]  # (2B, H)
         h_head = mtp(h_head[:, None], model.embed(y[:, None]), d + 1, mtp_cache, ones)[:, 0]  # (2B, H)

@@ -24,6 +24,7 @@ from pathlib import Path
 from bebop.errors import BebopError
 from bebop.jsonl import read_numbered
 from bebop.policy import Policy
+from bebop.rollout import encode_prompt
 from bebop.tasks.data_files import parse_row
 
 PROMPT_ID_KEYS = ("prompt_ids", "prompt_token_ids", "input_ids")
@@ -104,11 +105,9 @@ def _text_pair(row: dict, number: int, path: str | os.PathLike, policy: Policy) 
     if data.completion is None:
         raise BebopError(f"{where}: no token ids and no completion (looked for {', '.join(RESPONSE_ID_KEYS)}, "
                          "'completion', 'response', or 'messages' ending with the assistant's turn)")
-    prompt = policy.prompt_text(data.prompt, what=where)
     completion = data.completion if isinstance(data.completion, str) else \
         "".join(str(m.get("content", "")) for m in data.completion)
-    ids = policy.codec.encode(prompt)
-    unk = policy.codec.token_id("<unk>")
-    if unk is not None and unk in ids + policy.codec.encode(completion):
-        raise BebopError(f"{where}: the text does not match the model's tokenizer (it encodes to <unk>)")
-    return ids, policy.codec.encode(completion)
+    response = policy.codec.encode(completion)
+    if policy.codec.token_id("<unk>") in response:
+        raise BebopError(f"{where}: the completion does not match the model's tokenizer (it encodes to <unk>)")
+    return encode_prompt(policy, policy.prompt_text(data.prompt, what=where), where), response
