@@ -38,9 +38,13 @@ def _section_commands(title: str) -> list[list[str]]:
 # what shrinks the worked example to seconds: appended flags override the README's (argparse: last wins)
 SMALL = {"init": [], "train": ["--steps", "3", "--num-samples", "4", "--max-new-tokens", "8", "--batch-size", "2",
                                "--depths", "2", "--save-every", "3"],
-         "diagnose": ["--k", "2", "--batch-size", "16"],
+         "diagnose": ["--k", "2", "--batch-size", "16"], "export": [],
          "rl": ["--steps", "2", "--group-size", "2", "--batch-prompts", "2", "--max-new-tokens", "8", "--k", "2",
                 "--eval-every", "1", "--no-progress"]}
+
+
+def _kind(argv: list[str]) -> str:
+    return argv[1] if argv[1] == "rl" else argv[2]
 
 
 def test_your_own_model_and_data_worked_example_runs_as_written(hf_model_dir, tmp_path, monkeypatch):
@@ -49,19 +53,54 @@ def test_your_own_model_and_data_worked_example_runs_as_written(hf_model_dir, tm
     --rollouts` on its dumped rollouts: the README's commands, as written."""
     pytest.importorskip("pyarrow")
     pytest.importorskip("math_verify")
-    commands = _section_commands("Your own model and data")
-    assert [argv[1] if argv[1] == "rl" else argv[2] for argv in commands] == ["init", "train", "rl", "diagnose", "train"]
+    commands = _section_commands("Your own model and data")[:5]
+    assert [_kind(argv) for argv in commands] == ["init", "train", "rl", "diagnose", "train"]
     monkeypatch.chdir(tmp_path)
     with_chat_template(hf_model_dir[1], tmp_path / "Qwen3-0.6B")
     (tmp_path / "gsm8k").mkdir()
     for split, n in (("train", 6), ("test", 2)):
         write_parquet(tmp_path / "gsm8k" / f"{split}.parquet", [verl_row(f"{i}+{i}?", str(2 * i)) for i in range(n)])
     for argv in commands:
-        kind = argv[1] if argv[1] == "rl" else argv[2]
-        assert main(argv[1:] + SMALL[kind]) == 0, argv
+        assert main(argv[1:] + SMALL[_kind(argv)]) == 0, argv
     metrics = [json.loads(line) for line in (tmp_path / "runs/rl-gsm8k/metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and all(m["eval_reward"] is not None for m in metrics)
     assert all(m["acceptance_rate"] is not None for m in metrics)  # the rollouts were speculative
     report = json.loads((tmp_path / "runs/diagnosis/diagnosis.json").read_text())  # the RL run's own rollouts
     assert len(report["rs_acceptance_per_depth"]) == 2 and report["positions"] > 0
     assert (tmp_path / "runs/qwen3-mtp-tuned/mtp_metrics.jsonl").is_file()  # trained on the dumped token ids
+
+
+def test_rollouts_from_vllm_diagnose_train_export_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The README's loop for rollouts from another engine: a transformers-saved Qwen3.5 with its head, vLLM's
+    outputs as RequestOutput dumps (prompt_token_ids, outputs[i].token_ids), diagnose -> train -> diagnose -> export."""
+    import torch
+
+    from bebop.model import load_model
+    from bebop.model.checkpoint import save_model
+    from bebop.tokenizer import build_char_tokenizer, save_tokenizer
+    from qwen35_helpers import make_hf_qwen35
+
+    from conftest import CHAR_CODEC
+
+    commands = _section_commands("Your own model and data")[5:]
+    assert [_kind(argv) for argv in commands] == ["diagnose", "train", "diagnose", "export"]
+    monkeypatch.chdir(tmp_path)
+    make_hf_qwen35(seed=3).save_pretrained("Qwen3.5-0.8B")
+    save_tokenizer(build_char_tokenizer(), tmp_path / "Qwen3.5-0.8B")
+    model = load_model("Qwen3.5-0.8B")
+    model.attach_mtp(1, torch.Generator().manual_seed(0))  # a published checkpoint's mtp.* head
+    save_model(model, "Qwen3.5-0.8B")
+    ids = torch.Generator().manual_seed(1)
+    for name, n in (("vllm_outputs.jsonl", 6), ("vllm_held_out.jsonl", 3)):
+        rows = [{"prompt_token_ids": CHAR_CODEC.encode(f"{i}+{i}="),
+                 "outputs": [{"token_ids": torch.randint(4, CHAR_CODEC.vocab_size, (12,), generator=ids).tolist()}
+                             for _ in range(2)]} for i in range(n)]
+        (tmp_path / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for argv in commands:
+        assert main(argv[1:] + SMALL[_kind(argv)]) == 0, argv
+    before, after = (json.loads((tmp_path / f"runs/diagnosis-{w}/diagnosis.json").read_text()) for w in ("before", "after"))
+    assert before["positions"] == after["positions"] > 0
+    assert before["rs_acceptance_per_depth"] != after["rs_acceptance_per_depth"]  # the trained head was diagnosed
+    exported = load_model("runs/qwen35-vllm").state_dict()
+    tuned = load_model("runs/qwen35-tuned").state_dict()
+    assert all(torch.equal(exported[n], tuned[n]) for n in tuned) and '"num_speculative_tokens": 3' in capsys.readouterr().out

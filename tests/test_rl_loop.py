@@ -168,17 +168,6 @@ def test_bad_inputs(headed, tiny_model_dir, tmp_path):
         train_rl(run, rl_cfg(headed, steps=1, lr=5e-3, clip_eps=0.3), resume=True, progress=False)
 
 
-def test_tensorboard_flag_without_tensorboard_is_a_clear_error(headed, tmp_path):
-    try:
-        import tensorboard  # noqa: F401
-        pytest.skip("tensorboard is installed")
-    except ImportError:
-        pass
-    with pytest.raises(BebopError, match="pip install tensorboard"):
-        train_rl(tmp_path / "tb", rl_cfg(headed, steps=1), progress=False, tensorboard=True)
-    assert not (tmp_path / "tb").exists()  # refused before anything is written
-
-
 def _digits_only_tokenizer(model_dir, out):
     """The model with a tokenizer that knows only digits: task prompts map to <unk>."""
     import shutil

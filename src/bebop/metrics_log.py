@@ -1,8 +1,8 @@
 """Per-step training metrics, the same way for `bebop sft`, `bebop mtp train` and `bebop rl`:
-RUN_DIR/<file> (one JSON object per step, appended, flushed and fsynced as it is written) and,
-with `tensorboard=True`, every number also as a TensorBoard scalar under RUN_DIR/tb.
+RUN_DIR/<file> (one JSON object per step, appended, flushed and fsynced as it is written) and every
+number also to the trackers named in `loggers` (tensorboard, wandb, mlflow: bebop.loggers), as TAG/KEY.
 
-    log = MetricsLog(run_dir, "metrics.jsonl", resume_step=0, tensorboard=False, tag="rl")
+    log = MetricsLog(run_dir, "metrics.jsonl", resume_step=0, loggers=["wandb"], tag="rl", config=asdict(cfg))
     log.write({"step": 1, "loss": 0.31, "acceptance_per_depth": [0.8, 0.6]})
     log.close()
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from bebop.errors import BebopError
 from bebop.fileio import atomic_write_text
+from bebop.loggers import open_loggers
 
 
 def read_steps(path: Path, upto: int) -> list[str]:
@@ -37,15 +37,6 @@ def read_steps(path: Path, upto: int) -> list[str]:
     return kept
 
 
-def require_tensorboard():
-    """torch's SummaryWriter class, imported lazily; a clear error when tensorboard is missing."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise BebopError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
-    return SummaryWriter
-
-
 def _rounded(value: Any) -> Any:
     """Six decimals; a small value (a bfloat16 sampler's KL, ~1e-7) six significant digits instead of 0."""
     if not isinstance(value, float):
@@ -54,14 +45,14 @@ def _rounded(value: Any) -> Any:
 
 
 class MetricsLog:
-    def __init__(self, run_dir: str | os.PathLike, file_name: str, *, resume_step: int = 0, tensorboard: bool = False,
-                 tag: str = "train") -> None:
+    def __init__(self, run_dir: str | os.PathLike, file_name: str, *, resume_step: int = 0, loggers: Sequence[str] = (),
+                 tag: str = "train", config: dict[str, Any] | None = None) -> None:
         self.path = Path(run_dir) / file_name
         self.tag = tag
         kept = read_steps(self.path, resume_step)
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         self.last: dict[str, Any] = json.loads(kept[-1]) if kept else {}  # the latest step written
-        self.board = require_tensorboard()(str(Path(run_dir) / "tb")) if tensorboard else None
+        self.trackers = open_loggers(loggers, Path(run_dir), tag=tag, config=config)
         self.fh = open(self.path, "a", encoding="utf-8")
 
     def write(self, row: dict[str, Any]) -> None:
@@ -70,20 +61,23 @@ class MetricsLog:
         self.fh.write(json.dumps(self.last) + "\n")
         self.fh.flush()
         os.fsync(self.fh.fileno())
-        if self.board is not None:
-            self._scalars(row)
-
-    def _scalars(self, row: dict[str, Any]) -> None:
-        assert self.board is not None
-        step = row["step"]
-        for key, value in row.items():
-            values = value if isinstance(value, list) else [value]
-            for i, v in enumerate(values):
-                if key != "step" and isinstance(v, (bool, int, float)):
-                    name = f"{self.tag}/{key}/{i + 1}" if isinstance(value, list) else f"{self.tag}/{key}"
-                    self.board.add_scalar(name, float(v), step)
+        if self.trackers:
+            scalars = flat_scalars(row, self.tag)
+            for tracker in self.trackers:
+                tracker.scalars(row["step"], scalars)
 
     def close(self) -> None:
         self.fh.close()
-        if self.board is not None:
-            self.board.close()
+        for tracker in self.trackers:
+            tracker.close()
+
+
+def flat_scalars(row: dict[str, Any], tag: str) -> dict[str, float]:
+    """A step's numbers as TAG/KEY (a list: TAG/KEY/1, TAG/KEY/2, ...); None, text and the step itself left out."""
+    flat = {}
+    for key, value in row.items():
+        values = value if isinstance(value, list) else [value]
+        for i, v in enumerate(values):
+            if key != "step" and isinstance(v, (bool, int, float)):
+                flat[f"{tag}/{key}/{i + 1}" if isinstance(value, list) else f"{tag}/{key}"] = float(v)
+    return flat

@@ -39,7 +39,8 @@ from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.fileio import atomic_write_json
-from bebop.metrics_log import MetricsLog, require_tensorboard
+from bebop.loggers import LoggerNames, check_loggers
+from bebop.metrics_log import MetricsLog
 from bebop.model.checkpoint import release_dtype, save_model
 from bebop.policy import Policy, load_policy
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
@@ -209,12 +210,11 @@ def _tasks(policy: Policy, cfg: SFTConfig) -> Tasks:
 
 
 def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress: bool = True,
-              tensorboard: bool = False, device: str = "cpu") -> dict:
+              loggers: LoggerNames = (), device: str = "cpu") -> dict:
     """Train (or resume) a policy in `out`; return the final metrics (also in sft_meta.json). Per-step
-    metrics: OUT/sft_metrics.jsonl (and OUT/tb with `tensorboard`)."""
+    metrics: OUT/sft_metrics.jsonl (and the trackers in `loggers`: bebop.loggers)."""
     out = Path(out)
-    if tensorboard:
-        require_tensorboard()  # before anything is written
+    check_loggers(loggers)  # before anything is written
     policy, (task, held_out_task), state = _start(out, cfg, resume, device)
     held_out = held_out_chunks(held_out_task, policy, cfg) if held_out_task is not None else None
     model = policy.model.train()
@@ -227,7 +227,8 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
         rng.setstate(state["data_rng"])
         set_rng_state(state["rng"])
         start, history = state["step"], state["history"]
-    log = MetricsLog(out, METRICS_FILE, resume_step=start, tensorboard=tensorboard, tag="sft")
+    log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="sft",
+                     config=asdict(cfg))
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"sft {task.name}",
                disable=not progress, file=sys.stderr)
     t0 = time.perf_counter()

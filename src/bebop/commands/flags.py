@@ -6,6 +6,7 @@ import argparse
 
 from bebop.engine.compiled import COMPILE_CHOICES
 from bebop.errors import BebopError
+from bebop.loggers import LOGGERS
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -26,6 +27,16 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template-kwargs", default="",
                    help="extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' turns Qwen3's "
                         "thinking off")
+
+
+def add_log_args(p: argparse.ArgumentParser, run_dir: str = "OUT") -> None:
+    """--log TRACKER (repeatable) beside the JSONL log; --tensorboard is --log tensorboard."""
+    p.add_argument("--log", action="append", choices=LOGGERS, default=None,
+                   help=f"also log every step's metrics to TensorBoard ({run_dir}/tb), Weights & Biases "
+                        f"(WANDB_PROJECT, WANDB_MODE=offline) or MLflow (MLFLOW_TRACKING_URI, else {run_dir}/mlruns); "
+                        "repeatable; each needs its package (pip install 'bebop[wandb]')")
+    p.add_argument("--tensorboard", dest="log", action="append_const", const="tensorboard",
+                   help="the same as --log tensorboard")
 
 
 def check_at_least_one(args: argparse.Namespace, *names: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from bebop.commands.config_flags import add_config_flags, config_values
-from bebop.commands.flags import check_at_least_one
+from bebop.commands.flags import add_log_args, check_at_least_one
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
 from bebop.policy import load_policy
@@ -149,8 +149,7 @@ def _add_train(mtp_sub) -> None:
     add_config_flags(p, MTPTrainConfig)
     p.add_argument("--out", help="write the trained model here (default: into --model)")
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--tensorboard", action="store_true",
-                   help="also log the per-step metrics to OUT/tb (OUT: --out, else --model; needs tensorboard)")
+    add_log_args(p, run_dir="OUT (--out, else --model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (not part of the run: resume anywhere)")
     p.set_defaults(func=run_train)
 
@@ -159,7 +158,7 @@ def run_train(args: argparse.Namespace) -> None:
     from bebop.mtp.train import MTPTrainConfig, train_mtp
 
     cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
-    print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume, tensorboard=args.tensorboard,
+    print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume, loggers=args.log or (),
                                device=args.device)))
 
 

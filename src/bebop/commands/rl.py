@@ -9,6 +9,7 @@ import argparse
 import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
+from bebop.commands.flags import add_log_args
 from bebop.rl.config import BACKENDS, Backend, RLConfig
 
 REQUIRED = ("model", "steps")  # and --task or --data
@@ -19,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="run directory: config.json, metrics.jsonl, checkpoints, model/")
     add_config_flags(p, RLConfig, required=REQUIRED)
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
-    p.add_argument("--tensorboard", action="store_true", help="also log to OUT/tb (needs tensorboard)")
+    add_log_args(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--backend", choices=BACKENDS, default="local",
@@ -37,6 +38,6 @@ def run(args: argparse.Namespace) -> None:
     require_one_of(values, ("task", "data"))
     values.setdefault("mode", "async" if args.backend == "ray" else RLConfig().mode)
     summary = train_rl(args.out, RLConfig(**values), resume=args.resume, progress=not args.no_progress,
-                       tensorboard=args.tensorboard, device=args.device,
+                       loggers=args.log or (), device=args.device,
                        backend=Backend(args.backend, args.rollout_workers, args.ray_address))
     print(json.dumps(summary))

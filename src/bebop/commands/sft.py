@@ -8,6 +8,7 @@ import argparse
 import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
+from bebop.commands.flags import add_log_args
 from bebop.sft import DEFAULT_STEPS, SFTConfig, train_sft
 
 
@@ -18,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_config_flags(p, SFTConfig)  # and --task or --data
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
-    p.add_argument("--tensorboard", action="store_true", help="also log the per-step metrics to OUT/tb (needs tensorboard)")
+    add_log_args(p)
     p.set_defaults(func=run)
 
 
@@ -27,6 +28,6 @@ def run(args: argparse.Namespace) -> None:
     require_one_of(values, ("task", "data"))
     if not values.get("data"):
         values.setdefault("steps", DEFAULT_STEPS.get(values["task"], SFTConfig().steps))  # tuned per task
-    metrics = train_sft(args.out, SFTConfig(**values), resume=args.resume, tensorboard=args.tensorboard,
+    metrics = train_sft(args.out, SFTConfig(**values), resume=args.resume, loggers=args.log or (),
                         device=args.device)
     print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))

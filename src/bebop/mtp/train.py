@@ -34,8 +34,9 @@ from bebop.chat import parse_template_kwargs
 from bebop.encoding import env_token_mask
 from bebop.errors import BebopError
 from bebop.fields import opt
+from bebop.loggers import LoggerNames, check_loggers
 from bebop.losses import DRAFT_LOSSES, DraftHiddenInputs, DraftLossInputs, DraftLossOutput, draft_loss_from_hidden
-from bebop.metrics_log import MetricsLog, require_tensorboard
+from bebop.metrics_log import MetricsLog
 from bebop.model.checkpoint import save_model
 from bebop.model.mtp import MTP_PREFIX
 from bebop.mtp.chain import chain_forward, shifted
@@ -246,13 +247,12 @@ def _save(policy: Policy, out: Path, cfg: MTPTrainConfig, step: int, opt: torch.
 
 
 def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | None = None, resume: bool = False,
-              progress: bool = True, data_cache: str | Path | None = None, tensorboard: bool = False,
+              progress: bool = True, data_cache: str | Path | None = None, loggers: LoggerNames = (),
               device: str = "auto") -> dict:
     """Train the head of the model in `model_dir` on `device` (auto, cpu, cuda, cuda:N); write it to `out`
-    (default: model_dir). Per-step metrics: OUT/mtp_metrics.jsonl (and OUT/tb with `tensorboard`).
+    (default: model_dir). Per-step metrics: OUT/mtp_metrics.jsonl (and the trackers in `loggers`: bebop.loggers).
     The device is not part of the run: a run resumes on another one."""
-    if tensorboard:
-        require_tensorboard()  # before anything is written
+    check_loggers(loggers)  # before anything is written
     out = Path(out or model_dir)
     policy, state = _start(Path(model_dir), out, cfg, resume, device)
     params = freeze_trunk(policy)
@@ -269,7 +269,8 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     elif out != Path(model_dir):
         save_model(policy.model, out)
         copy_tokenizer_files(model_dir, out)
-    log = MetricsLog(out, METRICS_FILE, resume_step=start, tensorboard=tensorboard, tag="mtp")
+    log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="mtp",
+                     config=asdict(cfg))
     policy.model.train()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}",
                disable=not progress, file=sys.stderr)

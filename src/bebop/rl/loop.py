@@ -29,7 +29,8 @@ from tqdm import tqdm
 from bebop.engine.speculative import AUTO
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
-from bebop.metrics_log import MetricsLog, require_tensorboard
+from bebop.loggers import LoggerNames, check_loggers
+from bebop.metrics_log import MetricsLog
 from bebop.model.checkpoint import load_model, release_dtype
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy, load_policy
@@ -157,13 +158,12 @@ def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model:
 
 
 def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: bool = True,
-             tensorboard: bool = False, device: str = "auto", backend: Backend = Backend()) -> dict:
+             loggers: LoggerNames = (), device: str = "auto", backend: Backend = Backend()) -> dict:
     """Run (or resume) GRPO in `out`; return a summary of the last steps."""
     backend.validate(cfg)
     if backend.name == "ray":
         preflight(backend.ray_address)  # before anything is written to the run directory
-    if tensorboard:
-        require_tensorboard()
+    check_loggers(loggers)
     out = Path(out)
     ckpt = _prepare(out, cfg, resume)
     policy = load_policy(ckpt.model_dir if ckpt else cfg.model, device=device, template_kwargs=cfg.chat_template_kwargs)
@@ -182,7 +182,7 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
                          policy_version=learner.trainer.policy_version)
     if learner.alarm.raised and cfg.k == AUTO:
         source.suspend_drafting(True)
-    history = _run_steps(out, cfg, learner, source, evaluator, progress=progress, tensorboard=tensorboard)
+    history = _run_steps(out, cfg, learner, source, evaluator, progress=progress, loggers=loggers)
     write_model_dir(policy.model, Path(cfg.model), out / FINAL_MODEL)
     tail = history[-5:]
     return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),
@@ -214,11 +214,12 @@ def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None) -> Learner:
 
 
 def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource, evaluator: Evaluator | None, *,
-               progress: bool, tensorboard: bool) -> list[StepMetrics]:
+               progress: bool, loggers: LoggerNames) -> list[StepMetrics]:
     """Steps learner.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, evaluate, log, save."""
     trainer, online, alarm = learner.trainer, learner.online, learner.alarm
     model = trainer.policy.model
-    writer = MetricsLog(out, METRICS_FILE, resume_step=learner.start, tensorboard=tensorboard, tag="rl")
+    writer = MetricsLog(out, METRICS_FILE, resume_step=learner.start, loggers=loggers, tag="rl",
+                     config=asdict(cfg))
     bar = tqdm(range(learner.start, cfg.steps), initial=learner.start, total=cfg.steps,
                desc=f"rl {cfg.prompts_name} {cfg.mode}", disable=not progress, file=sys.stderr)
     history: list[StepMetrics] = []
