@@ -9,6 +9,7 @@ calls) into the engine's observer and scores each finished transcript with the t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -74,12 +75,14 @@ def run_episodes(policy: Policy, task: Task, problems: Sequence[Problem], *, sam
 
 def summarize(episodes: Sequence[Episode]) -> dict:
     """pass_rate (reward == 1), mean_reward, mean_entropy over the policy's tokens (nats), the
-    share of policy tokens sampled from a distribution with entropy > 0.5 nats (choice points), n."""
+    share of policy tokens sampled from a distribution with entropy > 0.5 nats (choice points), n.
+    An engine that reports no entropies (vLLM: NaN per token) gives None for the two entropy numbers."""
     n = len(episodes)
     ent = [e for ep in episodes for e, m in zip(ep.generation.entropies, ep.generation.policy_mask) if m]
+    known = not any(math.isnan(e) for e in ent)
     return {"n": n,
             "pass_rate": sum(ep.reward >= 1.0 for ep in episodes) / max(n, 1),
             "mean_reward": sum(ep.reward for ep in episodes) / max(n, 1),
-            "mean_entropy": sum(ent) / max(len(ent), 1),
-            "choice_point_fraction": sum(e > 0.5 for e in ent) / max(len(ent), 1),
+            "mean_entropy": sum(ent) / max(len(ent), 1) if known else None,
+            "choice_point_fraction": sum(e > 0.5 for e in ent) / max(len(ent), 1) if known else None,
             "mean_completion_tokens": sum(len(ep.generation.token_ids) for ep in episodes) / max(n, 1)}

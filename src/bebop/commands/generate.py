@@ -53,6 +53,31 @@ def check_generate_args(policy: Policy, args: argparse.Namespace) -> None:
     check_spec_flags(args.spec, args.k, args.max_k)
     if args.spec != "off":
         policy.model.require_mtp()
+    if args.engine == "vllm" and args.k == AUTO:
+        raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
+
+
+def start_vllm(policy: Policy, args: argparse.Namespace):
+    """The vLLM worker serving --model (its MTP head drafting with --spec), or None on bebop's engine."""
+    if args.engine != "vllm":
+        return None
+    from bebop.vllm.serve import VllmServer
+
+    return VllmServer(policy.model, args.model, dtype=args.dtype, spec=args.spec, k=args.k,
+                      python=args.vllm_python or None, seed=args.seed)
+
+
+def _decode_batch(policy: Policy, ids: list[list[int]], common: dict, args: argparse.Namespace, controller,
+                  server) -> tuple[list, SpecMetrics | None]:
+    """One batch through the chosen engine: its generations and, when it drafted, its acceptance metrics."""
+    if server is not None:
+        before = server.worker.counters() if args.spec != "off" else {}
+        gens = server.engine(policy.model, ids, **common)
+        return gens, server.engine.spec_metrics(before, args.k) if args.spec != "off" else None
+    if args.spec == "off":
+        return generate(policy.model, ids, **common), None
+    return speculative_generate(policy.model, ids, k=args.k, mode=args.spec, max_k=args.max_k,
+                                controller=controller, **common)
 
 
 def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) -> tuple[list[dict], dict]:
@@ -60,19 +85,32 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
     decoding alone (model loading excluded) and, with --spec, the acceptance metrics."""
     args.k = parse_k(args.k)
     check_generate_args(policy, args)
-    sampling = sampling_from_args(args)
-    spec = None
-    if args.spec != "off":
-        spec = SpecMetrics(args.max_k if args.k == AUTO else args.k)
     controller = None
     if args.k == AUTO:
         costs = step_costs(policy.model, max_rows=min(args.batch_size, len(prompts)), max_k=args.max_k)
         controller = AdaptiveK(args.max_k, costs)  # one per command: acceptance carries across batches
+    if args.engine == "bebop":
+        compile_steps(policy.model, args.compile, expected_decode_steps(len(prompts), args.batch_size,
+                                                                        args.max_new_tokens))
+    server = start_vllm(policy, args)
+    try:
+        rows, spec, elapsed = _generate_batches(policy, prompts, args, controller, server)
+    finally:
+        if server is not None:
+            server.close()
+    tokens = sum(len(row["token_ids"]) for row in rows)
+    metrics = {"elapsed_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else 0.0}
+    return rows, {**metrics, **(spec.to_dict() if spec else {})}
+
+
+def _generate_batches(policy: Policy, prompts: list[str], args: argparse.Namespace, controller,
+                      server) -> tuple[list[dict], SpecMetrics | None, float]:
+    """The output rows, the merged acceptance metrics (with --spec) and the seconds spent decoding."""
+    sampling = sampling_from_args(args)
+    spec = SpecMetrics(args.max_k if args.k == AUTO else args.k) if args.spec != "off" else None
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
     rows, elapsed = [], 0.0
-    generated: list[list[int]] = []  # each row's new token ids
     batches = range(0, len(prompts), args.batch_size)
-    compile_steps(policy.model, args.compile, expected_decode_steps(len(prompts), args.batch_size, args.max_new_tokens))
     for start in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
         texts = prompts[start:start + args.batch_size]
         ids = [policy.codec.encode(t) for t in texts]
@@ -80,23 +118,15 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
             if not toks:
                 raise BebopError(f"prompt {start + i} encodes to no tokens")
         common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling,
-                      stop_ids=() if args.ignore_eos else policy.stop_ids,
-                      generator=generator, pad_id=policy.pad_id)
+                      stop_ids=() if args.ignore_eos else policy.stop_ids, generator=generator, pad_id=policy.pad_id)
         t0 = time.perf_counter()
-        if spec is None:
-            gens = generate(policy.model, ids, **common)
-        else:
-            gens, batch_metrics = speculative_generate(policy.model, ids, k=args.k, mode=args.spec, max_k=args.max_k,
-                                                       controller=controller, **common)
-            spec = spec.merge(batch_metrics)
+        gens, batch_metrics = _decode_batch(policy, ids, common, args, controller, server)
         elapsed += time.perf_counter() - t0
-        for text, gen in zip(texts, gens):
-            generated.append(gen.token_ids)
-            rows.append({"prompt": text, "completion": policy.codec.decode(gen.completion_ids), "token_ids": gen.token_ids,
-                         "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
-    tokens = sum(len(gen_ids) for gen_ids in generated)
-    metrics = {"elapsed_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else 0.0}
-    return rows, {**metrics, **(spec.to_dict() if spec else {})}
+        if spec is not None and batch_metrics is not None:
+            spec = spec.merge(batch_metrics)
+        rows += [{"prompt": text, "completion": policy.codec.decode(gen.completion_ids), "token_ids": gen.token_ids,
+                  "logprobs": gen.logprobs, "finish_reason": gen.finish_reason} for text, gen in zip(texts, gens)]
+    return rows, spec, elapsed
 
 
 def run_generate(args: argparse.Namespace) -> None:

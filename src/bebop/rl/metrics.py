@@ -21,7 +21,7 @@ class StepMetrics:
     reward: float
     pass_rate: float
     reward_errors: int  # rewards that raised or returned no finite number: scored 0 (reported on stderr)
-    entropy: float  # sampler entropy over policy tokens (nats)
+    entropy: float | None  # sampler entropy over policy tokens (nats); None: the engine reports none (vLLM)
     train_entropy: float  # trainer entropy at the same temperature
     mean_acceptance_length: float  # 1.0 without drafting (one token per target forward)
     acceptance_rate: float | None  # None without drafting

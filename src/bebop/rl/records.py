@@ -39,7 +39,7 @@ class RolloutBatch:
     rollout_s: float  # seconds the engine spent on it
     spec: SpecMetrics | None  # acceptance metrics when drafting, else None
     pass_rate: float
-    entropy: float  # mean sampler entropy over policy tokens (nats)
+    entropy: float | None  # mean sampler entropy over policy tokens (nats); None: unknown (vLLM)
     reward_errors: int = 0  # rewards that raised or returned no finite number (scored 0; --data rows)
 
     @property

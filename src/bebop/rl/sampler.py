@@ -12,6 +12,7 @@ seeded the same way; resuming at a data position regenerates exactly the batches
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from bebop.rollout import encode_prompts, run_episodes, summarize
 from bebop.tasks import Problem, Task
 from bebop.tasks.dataset_task import DatasetTask
 
+if TYPE_CHECKING:
+    from bebop.vllm.serve import VllmServer
+
 STREAM_STRIDE = 1_000_003  # seeds of batch i: seed * STREAM_STRIDE + i (distinct across seeds and batches)
 
 
@@ -43,10 +47,11 @@ class RolloutSampler:
         self.controller: AdaptiveK | None = None
         self.rollout_copy: CausalLM | None = None  # the model in --rollout-dtype, when it is not the trainer's
         self.drafting_suspended = False  # set while the drafter alarm is up (rl/drafter_alarm.py)
+        self.vllm: VllmServer | None = None  # with --engine vllm: the server rollouts run on (rl/vllm_source.py)
 
     def __getstate__(self) -> dict:
         """A sampler travels to Ray workers without its rollout copy (each worker makes its own)."""
-        return {**self.__dict__, "rollout_copy": None}
+        return {**self.__dict__, "rollout_copy": None, "vllm": None}
 
     def engine(self, model: CausalLM) -> CausalLM:
         """The model rollouts run on: `model` itself, or its copy in --rollout-dtype with `model`'s weights now;
@@ -86,6 +91,8 @@ class RolloutSampler:
     def generate_fn(self, model: CausalLM, rows: int, sink: list[SpecMetrics]):
         """The engine the run's rollouts use: plain decoding, or drafting with the head (metrics to `sink`)."""
         cfg = self.cfg
+        if self.vllm is not None:
+            return self.vllm.engine
         if cfg.spec == "off":
             return generate
         return speculative_rollout_fn(cfg.k, cfg.spec, sink, max_k=cfg.max_k, controller=self._controller(model, rows))
@@ -108,7 +115,8 @@ class RolloutSampler:
     def collect(self, model: CausalLM, *, index: int, policy_version: int) -> RolloutBatch:
         cfg = self.cfg
         t0 = time.perf_counter()  # rollout_s includes syncing the rollout copy
-        model = self.engine(model)
+        model = self.engine(model) if self.vllm is None else model
+        counted = self.vllm.worker.counters() if self.vllm is not None and cfg.spec != "off" else None
         policy = Policy(model, self.codec, generation_stop_ids=self.generation_stop_ids)  # stop ids: Policy.stop_ids
         problems = self.problems(index)
         sink: list[SpecMetrics] = []
@@ -120,6 +128,9 @@ class RolloutSampler:
         episodes = run_episodes(policy, self.task, problems, sampling=cfg.sampling,
                                 max_new_tokens=cfg.max_new_tokens, generator=generator, batch_size=cfg.batch_size,
                                 generate_fn=generate_fn)
+        if counted is not None and self.vllm is not None:
+            drafted = self.vllm.engine.spec_metrics(counted, cfg.draft_depths)  # vLLM's own counters
+            sink += [drafted] if drafted is not None else []
         rollout_s = time.perf_counter() - t0
         model.train(was_training)
         rollouts = [Rollout(ep.generation.prompt_ids, ep.generation.token_ids, ep.generation.logprobs,

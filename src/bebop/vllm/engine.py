@@ -1,0 +1,83 @@
+"""vLLM behind bebop's engine interface: `VllmEngine(worker)` is a `generate_fn` (the signature of
+bebop.engine.generate), so episodes, rewards, rollout dumps and the RL loop run on it unchanged.
+
+    engine = VllmEngine(VllmWorker(model_dir, dtype="float32"))
+    gens = engine(model, prompts, max_new_tokens=64, sampling=SamplingParams(1.0), stop_ids=[eos],
+                  generator=g, observer=observe, interrupt_ids=[call_end])      # list[Generation]
+
+The stop rules are bebop's own (bebop.engine.rows.RowBook applied to what vLLM returns): vLLM stops at
+the stop and interrupt ids, the book truncates, hands an interrupted row to the environment, and the row
+goes back to vLLM with its transcript as the prompt (prefix caching makes that a short prefill). Each row
+is sampled with its own seed drawn from `generator`, so a batch is a function of the generator's seed.
+What vLLM does not report is left unknown, never made up: the sampler's entropy per token is NaN and a
+row's target forwards 0 (its acceptance length unknown); the engine-wide acceptance counters come from
+vLLM's own spec_decode_* counters (`spec_metrics`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from bebop.engine.generate import check_prompts
+from bebop.engine.metrics import SpecMetrics
+from bebop.engine.records import Generation
+from bebop.engine.rows import Observer, RowBook
+from bebop.sampling import SamplingParams
+from bebop.vllm.client import VllmWorker
+
+SEED_RANGE = 2**31 - 1
+
+
+def vllm_params(sampling: SamplingParams, max_tokens: int, stop_ids: Sequence[int], seed: int) -> dict:
+    return {"temperature": 0.0 if sampling.greedy else sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p, "max_tokens": max_tokens, "stop_token_ids": sorted(stop_ids), "seed": seed}
+
+
+class VllmEngine:
+    def __init__(self, worker: VllmWorker) -> None:
+        self.worker = worker
+
+    def __call__(self, model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                 sampling: SamplingParams = SamplingParams(), stop_ids: Sequence[int] = (),
+                 generator: torch.Generator | None = None, pad_id: int = 0, observer: Observer | None = None,
+                 interrupt_ids: Sequence[int] = (), **_: object) -> list[Generation]:
+        """`model` (bebop's copy of the weights vLLM serves) gives the context and vocabulary checks only."""
+        context, vocab = model.config.max_position_embeddings, model.config.vocab_size
+        check_prompts(prompts, context, vocab)
+        room = min(max_new_tokens, context - max(len(p) for p in prompts))
+        book = RowBook(prompts, room, stop_ids, interrupt_ids, observer)
+        seeds = torch.randint(SEED_RANGE, (len(prompts),), generator=generator).tolist()  # (N,) one per row
+        halt = sorted(set(stop_ids) | set(book.interrupt_ids))
+        live, turn = [b for b, row in enumerate(book.rows) if not row.done], 0
+        while live:  # one turn per environment answer (a single turn without interrupts)
+            rows = [book.rows[b] for b in live]
+            params = [vllm_params(sampling, book.max_new_tokens - len(r.token_ids), halt, (seeds[b] + turn) % SEED_RANGE)
+                      for b, r in zip(live, rows)]
+            outputs = self.worker.generate([r.prompt_ids + r.token_ids for r in rows], params)
+            for b, out in zip(live, outputs):
+                tokens = out["token_ids"]
+                logprobs = [0.0] * len(tokens) if sampling.greedy else out["logprobs"]  # greedy: a point mass
+                book.emit(b, tokens, logprobs, [math.nan] * len(tokens))
+            live, turn = [b for b in live if not book.rows[b].done], turn + 1
+        for row in book.rows:
+            row.forwards = 0  # unknown: vLLM reports acceptance per engine, not per row
+        return book.rows
+
+    def spec_metrics(self, before: dict, k: int) -> SpecMetrics | None:
+        """vLLM's counters since `before` (a `worker.counters()` snapshot) as bebop's SpecMetrics, or None
+        when vLLM did not draft."""
+        now = self.worker.counters()
+        drafts = now.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0)
+        if not drafts:
+            return None
+        per_pos = [a - b for a, b in zip(now.get("spec_decode_num_accepted_tokens_per_pos", []),
+                                         before.get("spec_decode_num_accepted_tokens_per_pos", [0] * k))]
+        return SpecMetrics(k, num_drafts=int(drafts),
+                           num_draft_tokens=int(now["spec_decode_num_draft_tokens"]
+                                                - before.get("spec_decode_num_draft_tokens", 0)),
+                           num_accepted_tokens=int(now["spec_decode_num_accepted_tokens"]
+                                                   - before.get("spec_decode_num_accepted_tokens", 0)),
+                           accepted_per_position=[int(a) for a in per_pos])

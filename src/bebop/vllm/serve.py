@@ -1,0 +1,66 @@
+"""vLLM serving the current weights of a bebop model, for rollouts: the weights are written to a directory in
+vLLM's layout (safetensors, config with `mrope_section` dropped, the source's tokenizer files), the worker
+loads it, and after every policy update `sync` rewrites it and reloads trunk and head in place.
+
+    server = VllmServer(model, source_dir, dtype="float32", spec="rs", k=3, python=None)
+    gens = server.engine(model, prompts, max_new_tokens=..., sampling=..., stop_ids=..., generator=g)
+    server.sync(model)        # after the update: vLLM samples from the new weights, the drafter from the new head
+    server.close()            # the worker stops, the weights directory is removed
+
+`spec` maps onto vLLM's MTP drafting: "rs" drafts by sampling the head (draft_sample_method "probabilistic":
+rejection sampling against the head's distribution), "to" drafts its argmax ("greedy": vLLM's rejection sampler
+then accepts a draft with the target's probability of it, which is target-only verification).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from bebop.model.config import HYBRID_FAMILIES
+from bebop.model.qwen3 import CausalLM
+from bebop.mtp.export import check_engine_head, drop_mrope
+from bebop.rl.checkpoint import write_model_dir
+from bebop.vllm.client import VllmWorker
+from bebop.vllm.engine import VllmEngine
+
+DRAFT_SAMPLE_METHODS = {"rs": "probabilistic", "to": "greedy"}
+
+
+def speculative_config(spec: str, k: int) -> dict | None:
+    if spec == "off":
+        return None
+    return {"method": "mtp", "num_speculative_tokens": k, "draft_sample_method": DRAFT_SAMPLE_METHODS[spec]}
+
+
+class VllmServer:
+    def __init__(self, model: CausalLM, source_dir: str | Path, *, dtype: str, spec: str = "off", k: int = 3,
+                 python: str | None = None, seed: int = 0, where: str | Path | None = None) -> None:
+        """`where`: the folder the weights directory is made in (default: the system's temporary folder)."""
+        self.source_dir = Path(source_dir)
+        if spec != "off":
+            check_engine_head(self.source_dir, "vllm")
+        self.weights_dir = Path(tempfile.mkdtemp(prefix=".bebop-vllm-weights-", dir=where))
+        try:
+            self._write(model)
+            self.worker = VllmWorker(self.weights_dir, dtype=dtype, python=python, seed=seed,
+                                     speculative_config=speculative_config(spec, k),
+                                     prefix_caching=False if model.config.model_type in HYBRID_FAMILIES else None)
+        except BaseException:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
+            raise
+        self.engine = VllmEngine(self.worker)
+
+    def _write(self, model: CausalLM) -> None:
+        write_model_dir(model, self.source_dir, self.weights_dir)
+        drop_mrope(self.weights_dir / "config.json")
+
+    def sync(self, model: CausalLM) -> dict:
+        """The model's weights now, trunk and head, served by vLLM from the next request on."""
+        self._write(model)
+        return self.worker.reload(self.weights_dir)
+
+    def close(self) -> None:
+        self.worker.close()
+        shutil.rmtree(self.weights_dir, ignore_errors=True)

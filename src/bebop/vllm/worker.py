@@ -1,0 +1,148 @@
+"""The vLLM side of bebop's process boundary: run by any Python that has vLLM (`--vllm-python`), it imports
+nothing of bebop, holds one `vllm.LLM` and answers JSON lines on stdin/stdout.
+
+    python worker.py '{"model": DIR, "dtype": "float32", "seed": 0, "max_model_len": null,
+                       "enforce_eager": true, "speculative_config": null}'
+
+Requests (one JSON object a line) and their answers:
+    {"op": "generate", "prompts": [[ids]], "params": [{...}, ...]}  -> {"outputs": [{"token_ids", "logprobs",
+        "finish_reason"}]}; params per prompt: temperature, top_k, top_p, max_tokens, stop_token_ids, seed
+    {"op": "reload", "path": DIR}        -> {"seconds": s}: the trunk AND the drafter's head reloaded from DIR
+    {"op": "metrics"}                    -> {"counters": {name: value or [values]}} (cumulative, vLLM's names)
+Every answer is {"error": "..."} instead when the request failed; the first line is {"ready": true, "vllm":
+version} or {"error": ...} when vLLM cannot be imported or cannot load the model.
+
+The log-probs are of the distribution vLLM sampled from (logprobs_mode="processed_logprobs": after
+temperature, top-k and top-p), the sampler's log-probs a truncated importance weight needs. vLLM's own
+stop rules are off (ignore_eos): the stop ids given are the whole stop set, as on bebop's engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+PROTOCOL = sys.stdout  # answers only: vLLM's own prints go to stderr
+
+
+def reply(answer: dict) -> None:
+    PROTOCOL.write(json.dumps(answer) + "\n")
+    PROTOCOL.flush()
+
+
+def make_llm(config: dict):
+    from vllm import LLM
+
+    extra = {}
+    if config.get("enable_prefix_caching") is not None:
+        extra["enable_prefix_caching"] = config["enable_prefix_caching"]
+    if config.get("speculative_config"):
+        extra["speculative_config"] = config["speculative_config"]
+    return LLM(model=config["model"], dtype=config.get("dtype", "auto"), seed=config.get("seed", 0),
+               skip_tokenizer_init=True, max_model_len=config.get("max_model_len"),
+               enforce_eager=config.get("enforce_eager", True), logprobs_mode="processed_logprobs",
+               max_num_seqs=config.get("max_num_seqs", 256), disable_log_stats=False, **extra)
+
+
+def generate(llm, ask: dict) -> dict:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = [SamplingParams(temperature=p["temperature"], top_k=p.get("top_k") or 0, top_p=p.get("top_p", 1.0),
+                             max_tokens=p["max_tokens"], stop_token_ids=p.get("stop_token_ids") or [],
+                             ignore_eos=True, seed=p.get("seed"), logprobs=0, detokenize=False)
+              for p in ask["params"]]
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in ask["prompts"]]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    rows = []
+    for out in outputs:
+        c = out.outputs[0]
+        logprobs = [step[token].logprob for step, token in zip(c.logprobs or [], c.token_ids)]
+        rows.append({"token_ids": list(c.token_ids), "logprobs": logprobs, "finish_reason": c.finish_reason})
+    return {"outputs": rows}
+
+
+def _reload_drafter(worker, path: str) -> int:
+    """The drafter's own module (an MTP head is a separate model in vLLM) reloaded from `path`'s safetensors,
+    through vLLM's in-place reload (which undoes and redoes the CPU kernels' weight packing):
+    reload_weights touches the target model only, which would leave a stale head drafting."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    model = getattr(drafter, "model", None)
+    if model is None:
+        return 0
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+    names = []
+
+    def weights():
+        for file in sorted(Path(path).glob("*.safetensors")):
+            for name, tensor in load_file(str(file)).items():
+                names.append(name)
+                yield name, tensor
+
+    reload_weights(worker.model_runner.vllm_config, model, weights(), None, True)
+    return sum(name.startswith("mtp.") for name in names)
+
+
+def reload(llm, ask: dict) -> dict:
+    start = time.perf_counter()
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": ask["path"]})
+    loaded = llm.collective_rpc(_reload_drafter, args=(ask["path"],))
+    llm.reset_prefix_cache()
+    return {"seconds": time.perf_counter() - start, "drafter_tensors": loaded[0]}
+
+
+def metrics(llm, ask: dict) -> dict:
+    counters = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode"):
+            counters[m.name.removeprefix("vllm:")] = list(m.values) if hasattr(m, "values") else m.value
+    return {"counters": counters}
+
+
+HANDLERS = {"generate": generate, "reload": reload, "metrics": metrics}
+
+
+
+
+def main() -> None:
+    global PROTOCOL
+    config = json.loads(sys.argv[1])
+    for key, value in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                       ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")):  # in-process: collective_rpc takes functions
+        os.environ.setdefault(key, value)
+    sys.stdout = sys.stderr
+    shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
+    os.environ["PYTHONPATH"] = os.pathsep.join([shim, *filter(None, [os.environ.get("PYTHONPATH")])])
+    sys.path.insert(0, shim)  # here and in vLLM's own subprocesses (its model inspection): shim/sitecustomize.py
+    try:
+        import bebop_torchvision_shim  # noqa: F401
+        import vllm
+        from bebop_vllm_fixes import apply as apply_fixes, original_expand_is_broken
+    except Exception as exc:  # not installed, or a wheel that does not import beside this torch
+        return reply({"error": f"cannot import vllm in {sys.executable}: {type(exc).__name__}: {exc}"})
+    fixed = apply_fixes()
+    for fix in fixed:
+        print(f"bebop vLLM worker: fixed {fix}", file=sys.stderr)
+    try:
+        llm = make_llm(config)
+    except Exception as exc:
+        return reply({"error": f"vLLM {vllm.__version__} cannot run {config['model']}: {type(exc).__name__}: {exc}"})
+    reply({"ready": True, "vllm": vllm.__version__, "fixes": fixed, "expand_was_broken": original_expand_is_broken()})
+    for line in sys.stdin:
+        ask = json.loads(line)
+        try:
+            reply(HANDLERS[ask["op"]](llm, ask))
+        except Exception as exc:
+            traceback.print_exc()
+            reply({"error": f"vLLM {ask.get('op')}: {type(exc).__name__}: {exc}"})
+
+
+if __name__ == "__main__":
+    main()

