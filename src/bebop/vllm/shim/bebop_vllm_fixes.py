@@ -27,7 +27,7 @@ def _expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_to
     return torch.repeat_interleave(x, counts, output_size=num_tokens)
 
 
-ORIGINAL = {}
+ORIGINAL: dict[str, object] = {}
 
 
 def apply() -> list[str]:
@@ -47,7 +47,7 @@ def apply() -> list[str]:
 def original_expand_is_broken() -> bool | None:
     """After the engine started (the overrides registered): vLLM's own expand on a known case; None if not replaced."""
     original = ORIGINAL.get("expand_batch_to_tokens")
-    if original is None:
+    if not callable(original):
         return None
     got = original(torch.tensor([0.5, 2.0]), torch.tensor([2, 3]), 3)
     return not torch.equal(got, torch.tensor([0.5, 0.5, 2.0]))
