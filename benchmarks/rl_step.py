@@ -5,8 +5,9 @@ rollout worker and the trainer.
                                  [--k auto] [--group-size 8] [--batch-prompts 8] [--max-new-tokens 384]
 
 DIR is a policy with a trained MTP head. A run is MODE:SPEC[@ROLLOUT_THREADS/TRAIN_THREADS][+OPTION...]
-(0 = torch's default, every core; an OPTION is `compile` (--compile on), `rollout-bfloat16` (--rollout-dtype)
-or the training precision, float32 or bfloat16). To compare revisions, run this script alternately with
+(0 = torch's default, every core; an OPTION is `compile` (--compile on), `vllm` (--engine vllm, with vLLM's
+Python in BEBOP_VLLM_PYTHON), `rollout-bfloat16` (--rollout-dtype) or the training precision, float32 or
+bfloat16). To compare revisions, run this script alternately with
 PYTHONPATH=WORKTREE/src (runs without options pass none, so an older bebop runs them too).
 Each run trains --steps GRPO steps from the same policy and seed
 into a temporary directory; its step time is the median over the steps after the first (which
@@ -34,9 +35,11 @@ def parse_run(text: str) -> dict:
     mode, spec = name.split(":")
     rollout, train = (int(x) for x in threads.split("/")) if threads else (0, 0)
     extra = {}
-    for option in options:  # compile, rollout-bfloat16, or the training dtype
+    for option in options:  # compile, vllm, rollout-bfloat16, or the training dtype
         if option == "compile":
             extra["compile"] = "on"
+        elif option == "vllm":  # --engine vllm, its Python from BEBOP_VLLM_PYTHON (or this one)
+            extra["engine"] = "vllm"
         elif option.startswith("rollout-"):
             extra["rollout_dtype"] = option.removeprefix("rollout-")
         else:

@@ -100,3 +100,17 @@ def test_a_float32_model_saved_twice_is_bit_identical(published, tmp_path):
     original = read_state_dict(published)
     assert set(a) == set(b) == set(original)
     assert all(same_tensor(original[n], a[n]) and same_tensor(a[n], b[n]) for n in original)
+
+
+def test_a_trunk_only_save_leaves_the_head_out(headed, tmp_path):
+    """save_model(with_head=False): what vLLM's dense Qwen3 loader takes (it refuses mtp.* tensors)."""
+    model = load_model(headed)
+    save_model(model, tmp_path / "trunk", with_head=False)
+    names = set(read_state_dict(tmp_path / "trunk"))
+    assert names and not any(n.startswith("mtp.") for n in names)
+    trunk = load_model(tmp_path / "trunk")
+    assert trunk.mtp is None and json.loads((tmp_path / "trunk" / "config.json").read_text()).get(
+        "mtp_num_hidden_layers", 0) == 0
+    full = model.state_dict()
+    assert all(torch.equal(t, full[n]) for n, t in trunk.state_dict().items())
+    assert model.mtp is not None  # the model itself keeps its head

@@ -184,8 +184,11 @@ def release_dtype(model: CausalLM) -> torch.dtype:
     return value if isinstance(value, torch.dtype) and value.is_floating_point else model.dtype
 
 
-def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes: int | None = None) -> None:
-    """Write the weights, then config.json; `mtp.*` tensors of the model (if any) are saved too. The
+def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes: int | None = None,
+               with_head: bool = True) -> None:
+    """Write the weights, then config.json; `mtp.*` tensors of the model (if any) are saved too, unless
+    `with_head` is False (the trunk alone, its config without MTP layers: for a loader that refuses a dense
+    Qwen3's head, vLLM's). The
     input's layout is kept (model.stored): the family's names (nested for a multimodal Qwen3.5), each
     tensor's stored dtype (a tensor the input did not have: `release_dtype`; trainers keep float32 masters
     for resuming, train_state.master_weights), the tensors bebop does not model, unchanged, and the
@@ -193,6 +196,9 @@ def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes
     The directory's weights are replaced as one step (weight_files.write_weights)."""
     stored, cfg = model.stored, model.config
     state = dict(model.state_dict())
+    if not with_head:
+        state = {name: t for name, t in state.items() if not name.startswith(MTP_PREFIX)}
+        cfg = replace(cfg, mtp_num_hidden_layers=0)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     default = release_dtype(model)

@@ -38,9 +38,9 @@ class Checkpoint:
         return self.path / MODEL_DIR
 
 
-def write_model_dir(model: CausalLM, source_dir: Path, model_dir: Path) -> None:
-    """A loadable model directory: weights (trunk + mtp.*), config, the source's tokenizer files."""
-    save_model(model, model_dir)
+def write_model_dir(model: CausalLM, source_dir: Path, model_dir: Path, with_head: bool = True) -> None:
+    """A loadable model directory: weights (trunk + mtp.*, or the trunk alone), config, the source's tokenizer files."""
+    save_model(model, model_dir, with_head=with_head)
     copy_tokenizer_files(source_dir, model_dir)
 
 

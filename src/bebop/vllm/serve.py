@@ -1,6 +1,7 @@
 """vLLM serving the current weights of a bebop model, for rollouts: the weights are written to a directory in
 vLLM's layout (safetensors, config with `mrope_section` dropped, the source's tokenizer files), the worker
-loads it, and after every policy update `sync` rewrites it and reloads trunk and head in place.
+loads it, and after every policy update `sync` rewrites it and reloads trunk and head in place (a dense Qwen3's
+head, which vLLM neither loads nor drafts with, is left out: vLLM refuses unknown mtp.* tensors).
 
     server = VllmServer(model, source_dir, dtype="float32", spec="rs", k=3, python=None)
     gens = server.engine(model, prompts, max_new_tokens=..., sampling=..., stop_ids=..., generator=g)
@@ -39,6 +40,7 @@ class VllmServer:
                  python: str | None = None, seed: int = 0, where: str | Path | None = None) -> None:
         """`where`: the folder the weights directory is made in (default: the system's temporary folder)."""
         self.source_dir = Path(source_dir)
+        self.with_head = model.config.model_type in HYBRID_FAMILIES  # vLLM refuses a dense Qwen3's mtp.* tensors
         if spec != "off":
             check_engine_head(self.source_dir, "vllm")
         self.weights_dir = Path(tempfile.mkdtemp(prefix=".bebop-vllm-weights-", dir=where))
@@ -53,7 +55,7 @@ class VllmServer:
         self.engine = VllmEngine(self.worker)
 
     def _write(self, model: CausalLM) -> None:
-        write_model_dir(model, self.source_dir, self.weights_dir)
+        write_model_dir(model, self.source_dir, self.weights_dir, with_head=self.with_head)
         drop_mrope(self.weights_dir / "config.json")
 
     def sync(self, model: CausalLM) -> dict:

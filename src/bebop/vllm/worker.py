@@ -36,7 +36,12 @@ def reply(answer: dict) -> None:
 def make_llm(config: dict):
     from vllm import LLM
 
-    extra = {}
+    # Per-request seeds (bebop seeds every row) and chunked prefill do not mix on CPU: a partly prefilled
+    # request's sampled token is discarded and its generator rewound with set_offset, which a CPU generator
+    # does not have ("CPU Generator does not use offset"). Prompts are prefilled whole instead.
+    from vllm.platforms import current_platform
+
+    extra = {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
     if config.get("enable_prefix_caching") is not None:
         extra["enable_prefix_caching"] = config["enable_prefix_caching"]
     if config.get("speculative_config"):
