@@ -60,3 +60,11 @@ def test_vllm_python_needs_the_vllm_engine(headed, tmp_path, capsys):
     assert main(["rl", "--model", str(headed), "--task", "math", "--steps", "1", "--out", str(tmp_path / "r"),
                  "--vllm-python", sys.executable]) == 2
     assert "--vllm-python needs --engine vllm" in capsys.readouterr().err
+
+
+def test_mtp_train_sampling_on_vllm_without_vllm_is_one_line(headed, tmp_path, capsys, no_vllm_python):
+    out = tmp_path / "trained"
+    assert main(["mtp", "train", "--model", str(headed), "--out", str(out), "--steps", "1", "--depths", "2",
+                 "--num-samples", "2", "--max-new-tokens", "4", "--engine", "vllm", "--vllm-python", no_vllm_python,
+                 "--device", "cpu"]) == 2
+    assert "cannot import vllm" in capsys.readouterr().err and not out.exists()

@@ -88,6 +88,22 @@ def test_a_dense_model_with_a_head_decodes_on_vllm(dense_dir, tmp_path):
     assert [r["token_ids"] for r in theirs] == [r["token_ids"] for r in ours]
 
 
+def test_mtp_train_self_distills_from_vllm_samples(dense_dir, tmp_path):
+    import shutil
+
+    headed = shutil.copytree(dense_dir, tmp_path / "headed")
+    model = load_model(headed)
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    save_model(model, headed)
+    out = tmp_path / "trained"
+    assert main(["mtp", "train", "--model", str(headed), "--out", str(out), "--steps", "2", "--depths", "2",
+                 "--batch-size", "4", "--num-samples", "8", "--max-new-tokens", "12", "--engine", "vllm",
+                 "--vllm-python", PYTHON, "--device", "cpu"]) == 0
+    cached = list((headed / "mtp_data").glob("*-vllm.jsonl"))  # vLLM's samples, cached apart from bebop's
+    assert len(cached) == 1 and len(cached[0].read_text().splitlines()) == 8
+    assert (out / "mtp_metrics.jsonl").is_file()
+
+
 def test_eval_on_vllm_scores_what_bebops_engine_scores_at_t0(dense_dir, capsys):
     results = {}
     for engine in ("bebop", "vllm"):

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from bebop.commands.config_flags import add_config_flags, config_values
-from bebop.commands.flags import add_log_args, check_at_least_one
+from bebop.commands.flags import VLLM_PYTHON_HELP, add_log_args, check_at_least_one
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
 from bebop.policy import load_policy
@@ -151,6 +151,7 @@ def _add_train(mtp_sub) -> None:
     p.add_argument("--resume", action="store_true")
     add_log_args(p, run_dir="OUT (--out, else --model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (not part of the run: resume anywhere)")
+    p.add_argument("--vllm-python", default="", help=VLLM_PYTHON_HELP)
     p.set_defaults(func=run_train)
 
 
@@ -159,7 +160,7 @@ def run_train(args: argparse.Namespace) -> None:
 
     cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
     print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume, loggers=args.log or (),
-                               device=args.device)))
+                               device=args.device, vllm_python=args.vllm_python or None)))
 
 
 def _add_eval(mtp_sub) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import random
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from bebop.encoding import encode_example, env_token_mask
+from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.jsonl import read_jsonl, write_jsonl
 from bebop.policy import Policy
@@ -46,9 +49,11 @@ def tokenizer_fingerprint(policy: Policy) -> str:
     return hashlib.sha256(policy.codec.tokenizer.to_str().encode()).hexdigest()[:16]
 
 
-def _cache_path(cache_dir: Path, task: Task, n: int, temperature: float, seed: int, max_new_tokens: int) -> Path:
+def _cache_path(cache_dir: Path, task: Task, n: int, temperature: float, seed: int, max_new_tokens: int,
+                engine: str = "bebop") -> Path:
     name = f"{task.name}-{task.fingerprint}" if isinstance(task, DatasetTask) else task.name  # two files, one name
-    return cache_dir / f"{name}-n{n}-T{temperature:g}-s{seed}-m{max_new_tokens}.jsonl"
+    by = "" if engine == "bebop" else f"-{engine}"  # another engine's samples are other samples
+    return cache_dir / f"{name}-n{n}-T{temperature:g}-s{seed}-m{max_new_tokens}{by}.jsonl"
 
 
 def load_sequences(path: Path, policy: Policy) -> list[Sequence]:
@@ -65,12 +70,16 @@ def load_sequences(path: Path, policy: Policy) -> list[Sequence]:
 
 
 def selfdistill_data(policy: Policy, task: Task, *, n: int, temperature: float, seed: int, cache_dir: str | Path,
-                     max_new_tokens: int = 192, batch_size: int = 64, progress: bool = True) -> list[Sequence]:
-    path = _cache_path(Path(cache_dir), task, n, temperature, seed, max_new_tokens)
+                     max_new_tokens: int = 192, batch_size: int = 64, progress: bool = True, engine: str = "bebop",
+                     open_engine: Callable[[], AbstractContextManager] | None = None) -> list[Sequence]:
+    """The policy's samples, cached; on a miss `open_engine()` gives the generate_fn to sample with (started
+    only then: a vLLM worker for --engine vllm)."""
+    path = _cache_path(Path(cache_dir), task, n, temperature, seed, max_new_tokens, engine)
     if path.is_file():
         return load_sequences(path, policy)
-    seqs = sample_sequences(policy, task, n=n, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
-                            batch_size=batch_size, progress=progress)
+    with (open_engine or (lambda: nullcontext(generate)))() as generate_fn:
+        seqs = sample_sequences(policy, task, n=n, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
+                                batch_size=batch_size, progress=progress, generate_fn=generate_fn)
     fp = tokenizer_fingerprint(policy)
     write_jsonl(path, [{"prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "env_mask": s.env_mask,
                         "tokenizer": fp} for s in seqs])
@@ -78,14 +87,15 @@ def selfdistill_data(policy: Policy, task: Task, *, n: int, temperature: float, 
 
 
 def sample_sequences(policy: Policy, task: Task, *, n: int, temperature: float, seed: int, split: str = "train",
-                     max_new_tokens: int = 192, batch_size: int = 64, progress: bool = True) -> list[Sequence]:
+                     max_new_tokens: int = 192, batch_size: int = 64, progress: bool = True,
+                     generate_fn=generate) -> list[Sequence]:
     """The policy's own completions of n `split` problems at `temperature` (seeded), not cached."""
     problems = task.problems(split, n, seed)
     generator = torch.Generator(device=policy.model.device).manual_seed(seed)
     with tqdm(total=n, desc=f"sample {task.name} T={temperature:g}", disable=not progress, file=sys.stderr) as bar:
         episodes = run_episodes(policy, task, problems, sampling=SamplingParams(temperature),
                                 max_new_tokens=max_new_tokens, generator=generator, batch_size=batch_size,
-                                on_batch=bar.update)
+                                on_batch=bar.update, generate_fn=generate_fn)
     return [Sequence(policy.codec.encode(ep.problem.prompt), ep.generation.token_ids,
                      [not m for m in ep.generation.policy_mask]) for ep in episodes]
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import random
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -88,6 +90,8 @@ class MTPTrainConfig:
                      choices=TRAIN_DTYPES)
     ce_warmup_steps: int = opt(0, "train with ce for the first N steps, then with --loss (the TV gradient "
                                   "vanishes where the draft gives ~0 mass)")
+    engine: str = opt("bebop", "the engine that samples self-distillation: bebop's, or vLLM in a worker process "
+                      "(docs/vllm.md; --vllm-python or BEBOP_VLLM_PYTHON)", choices=("bebop", "vllm"))
 
     def __post_init__(self) -> None:
         self.validate()
@@ -105,6 +109,8 @@ class MTPTrainConfig:
             raise BebopError(f"--temperature must be > 0 for training targets, got {self.temperature}")
         check_train_dtype(self.dtype)
         parse_template_kwargs(self.chat_template_kwargs)
+        if self.engine not in ("bebop", "vllm"):
+            raise BebopError(f"unknown --engine {self.engine!r}; choose from bebop, vllm")
 
 
 @dataclass
@@ -183,7 +189,10 @@ def freeze_trunk(policy: Policy) -> list[torch.nn.Parameter]:
     return params
 
 
-def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bool) -> list[Sequence]:
+def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bool,
+              open_engine: Callable[[], AbstractContextManager] | None = None) -> list[Sequence]:
+    """The training sequences: given rollouts, or the policy's samples (cached; sampled through `open_engine()`
+    on a miss, bebop's engine by default) plus demonstrations."""
     if cfg.rollouts:  # the given token ids, no sampling; environment observations found by their markers
         return [Sequence(r.prompt_ids, r.response_ids, env_token_mask(r.response_ids, policy.codec))
                 for r in read_rollouts(cfg.rollouts, policy)]
@@ -192,10 +201,20 @@ def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bo
     data = []
     if cfg.num_samples:
         data += selfdistill_data(policy, task, n=cfg.num_samples, temperature=cfg.temperature, seed=cfg.seed,
-                                 cache_dir=cache_dir, max_new_tokens=cfg.max_new_tokens, progress=progress)
+                                 cache_dir=cache_dir, max_new_tokens=cfg.max_new_tokens, progress=progress,
+                                 engine=cfg.engine, open_engine=open_engine)
     if cfg.num_demos:
         data += demonstration_data(policy, task, n=cfg.num_demos, seed=cfg.seed)
     return data
+
+
+def _vllm_opener(policy: Policy, model_dir: Path, cfg: MTPTrainConfig, python: str | None):
+    """With --engine vllm: what starts a vLLM worker on the policy for the self-distillation samples."""
+    if cfg.engine != "vllm":
+        return None
+    from bebop.vllm.serve import serving
+
+    return lambda: serving(policy.model, model_dir, python=python, seed=cfg.seed)
 
 
 def saved_config(state: dict) -> dict:
@@ -248,7 +267,7 @@ def _save(policy: Policy, out: Path, cfg: MTPTrainConfig, step: int, opt: torch.
 
 def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | None = None, resume: bool = False,
               progress: bool = True, data_cache: str | Path | None = None, loggers: LoggerNames = (),
-              device: str = "auto") -> dict:
+              device: str = "auto", vllm_python: str | None = None) -> dict:
     """Train the head of the model in `model_dir` on `device` (auto, cpu, cuda, cuda:N); write it to `out`
     (default: model_dir). Per-step metrics: OUT/mtp_metrics.jsonl (and the trackers in `loggers`: bebop.loggers).
     The device is not part of the run: a run resumes on another one."""
@@ -257,7 +276,8 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     policy, state = _start(Path(model_dir), out, cfg, resume, device)
     params = freeze_trunk(policy)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))  # float32 state: float32 params
-    data = load_data(policy, cfg, Path(data_cache or Path(model_dir) / "mtp_data"), progress)
+    data = load_data(policy, cfg, Path(data_cache or Path(model_dir) / "mtp_data"), progress,
+                     _vllm_opener(policy, Path(model_dir), cfg, vllm_python))
     rng, start = random.Random(cfg.seed), 0
     if state is not None:
         if "head" in state:  # exact, also where the model directory holds the head rounded to its dtype

