@@ -35,12 +35,11 @@ def reply(answer: dict) -> None:
 
 def make_llm(config: dict):
     from vllm import LLM
+    from vllm.platforms import current_platform
 
     # Per-request seeds (bebop seeds every row) and chunked prefill do not mix on CPU: a partly prefilled
     # request's sampled token is discarded and its generator rewound with set_offset, which a CPU generator
     # does not have ("CPU Generator does not use offset"). Prompts are prefilled whole instead.
-    from vllm.platforms import current_platform
-
     extra = {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
     if config.get("enable_prefix_caching") is not None:
         extra["enable_prefix_caching"] = config["enable_prefix_caching"]
@@ -114,10 +113,7 @@ def metrics(llm, ask: dict) -> dict:
 HANDLERS = {"generate": generate, "reload": reload, "metrics": metrics}
 
 
-
-
 def main() -> None:
-    global PROTOCOL
     config = json.loads(sys.argv[1])
     for key, value in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
                        ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")):  # in-process: collective_rpc takes functions
