@@ -76,8 +76,7 @@ def measure(model_dir: Path, work: Path, spec: str, fixes: bool, args) -> dict:
         before = server.worker.counters()
         gens = server.engine(model, prompts, max_new_tokens=args.new_tokens, sampling=SamplingParams(1.0),
                              generator=torch.Generator().manual_seed(0))
-        counters = {k: ([a - b for a, b in zip(v, before[k])] if isinstance(v, list) else v - before[k])
-                    for k, v in server.worker.counters().items()}
+        counters = server.worker.counters_since(before)
         applied = server.worker.fixes
     finally:
         server.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import nullcontext
 
 import torch
 from tqdm import tqdm
@@ -55,15 +56,11 @@ def run(args: argparse.Namespace) -> None:
     if args.engine == "bebop":
         compile_steps(policy.model, args.compile, expected_decode_steps(len(problems), args.batch_size,
                                                                         args.max_new_tokens))
-    server = start_vllm(policy, args)  # None on bebop's engine
-    try:
+    with start_vllm(policy, args) or nullcontext() as server:  # None on bebop's engine
         with tqdm(total=len(problems), desc=f"eval {task.name}", unit="problem", file=sys.stderr) as bar:
             episodes = run_episodes(policy, task, problems, sampling=SamplingParams(args.temperature),
                                     max_new_tokens=args.max_new_tokens, generator=generator,
                                     batch_size=args.batch_size, on_batch=bar.update,
                                     generate_fn=server.engine if server is not None else generate)
-    finally:
-        if server is not None:
-            server.close()
     print(json.dumps({"task": task.name, "temperature": args.temperature, "engine": args.engine,
                       **summarize(episodes)}))

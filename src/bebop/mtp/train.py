@@ -58,6 +58,7 @@ from bebop.train_state import (
     set_rng_state,
     with_defaults,
 )
+from bebop.vllm import ENGINES
 
 STATE_FILE = "mtp_train_state.pt"
 LOSS_CHUNK_FLOATS = 1 << 22  # loss temporaries per chunk: ~16 MB of float32 (5 chains at K=5, V=151k)
@@ -91,7 +92,7 @@ class MTPTrainConfig:
     ce_warmup_steps: int = opt(0, "train with ce for the first N steps, then with --loss (the TV gradient "
                                   "vanishes where the draft gives ~0 mass)")
     engine: str = opt("bebop", "the engine that samples self-distillation: bebop's, or vLLM in a worker process "
-                      "(docs/vllm.md; --vllm-python or BEBOP_VLLM_PYTHON)", choices=("bebop", "vllm"))
+                      "(docs/vllm.md; --vllm-python or BEBOP_VLLM_PYTHON)", choices=ENGINES)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -109,8 +110,8 @@ class MTPTrainConfig:
             raise BebopError(f"--temperature must be > 0 for training targets, got {self.temperature}")
         check_train_dtype(self.dtype)
         parse_template_kwargs(self.chat_template_kwargs)
-        if self.engine not in ("bebop", "vllm"):
-            raise BebopError(f"unknown --engine {self.engine!r}; choose from bebop, vllm")
+        if self.engine not in ENGINES:
+            raise BebopError(f"unknown --engine {self.engine!r}; choose from {', '.join(ENGINES)}")
 
 
 @dataclass

@@ -8,18 +8,18 @@ from pathlib import Path
 
 from bebop.chat import parse_template_kwargs
 from bebop.engine.compiled import COMPILE_CHOICES, check_compile
-from bebop.engine.speculative import check_spec_flags, parse_k
+from bebop.engine.speculative import AUTO, check_spec_flags, parse_k
 from bebop.errors import BebopError
 from bebop.fields import opt, parse_switch
 from bebop.precision import DTYPES, TRAIN_DTYPES, check_train_dtype
 from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
+from bebop.vllm import ENGINES
 
 MODES = ("sync", "async")
 SPEC_CHOICES = ("off", "to", "rs")
 MTP_UPDATES = ("none", "ce", "tv", "e2e_tv")  # "none" keeps the pre-RL head frozen; others name a draft loss
 BACKENDS = ("local", "ray")
-ENGINES = ("bebop", "vllm")
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class RLConfig:
             return
         if self.mode != "sync":
             raise BebopError("--engine vllm samples in sync mode (--mode sync)")
-        if self.k == "auto" and self.spec != "off":
+        if self.k == AUTO and self.spec != "off":
             raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
 
     @property

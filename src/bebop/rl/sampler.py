@@ -12,6 +12,7 @@ seeded the same way; resuming at a data position regenerates exactly the batches
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -116,7 +117,6 @@ class RolloutSampler:
         cfg = self.cfg
         t0 = time.perf_counter()  # rollout_s includes syncing the rollout copy
         model = self.engine(model) if self.vllm is None else model
-        counted = self.vllm.worker.counters() if self.vllm is not None and cfg.spec != "off" else None
         policy = Policy(model, self.codec, generation_stop_ids=self.generation_stop_ids)  # stop ids: Policy.stop_ids
         problems = self.problems(index)
         sink: list[SpecMetrics] = []
@@ -125,12 +125,12 @@ class RolloutSampler:
         was_training = model.training
         model.eval()
         errors_before = self.reward_errors
-        episodes = run_episodes(policy, self.task, problems, sampling=cfg.sampling,
-                                max_new_tokens=cfg.max_new_tokens, generator=generator, batch_size=cfg.batch_size,
-                                generate_fn=generate_fn)
-        if counted is not None and self.vllm is not None:
-            drafted = self.vllm.engine.spec_metrics(counted, cfg.draft_depths)  # vLLM's own counters
-            sink += [drafted] if drafted is not None else []
+        counting = (self.vllm.engine.counting(cfg.draft_depths, sink)  # vLLM's own acceptance counters, into sink
+                    if self.vllm is not None and cfg.spec != "off" else nullcontext())
+        with counting:
+            episodes = run_episodes(policy, self.task, problems, sampling=cfg.sampling,
+                                    max_new_tokens=cfg.max_new_tokens, generator=generator, batch_size=cfg.batch_size,
+                                    generate_fn=generate_fn)
         rollout_s = time.perf_counter() - t0
         model.train(was_training)
         rollouts = [Rollout(ep.generation.prompt_ids, ep.generation.token_ids, ep.generation.logprobs,

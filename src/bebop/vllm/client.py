@@ -87,6 +87,17 @@ class VllmWorker:
     def counters(self) -> dict:
         return self.ask("metrics")["counters"]
 
+    def counters_since(self, before: dict) -> dict:
+        """The cumulative counters' growth since `before` (a `counters()` snapshot), per-position lists elementwise."""
+        now = self.counters()
+
+        def grown(key: str, value):
+            if isinstance(value, list):
+                return [a - b for a, b in zip(value, before.get(key) or [0] * len(value))]
+            return value - before.get(key, 0)
+
+        return {key: grown(key, value) for key, value in now.items()}
+
     def close(self) -> None:
         if self.proc.poll() is None:
             if self.proc.stdin:

@@ -17,7 +17,8 @@ vLLM's own spec_decode_* counters (`spec_metrics`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -69,15 +70,18 @@ class VllmEngine:
     def spec_metrics(self, before: dict, k: int) -> SpecMetrics | None:
         """vLLM's counters since `before` (a `worker.counters()` snapshot) as bebop's SpecMetrics, or None
         when vLLM did not draft."""
-        now = self.worker.counters()
-        drafts = now.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0)
-        if not drafts:
+        grown = self.worker.counters_since(before)
+        if not grown.get("spec_decode_num_drafts"):
             return None
-        per_pos = [a - b for a, b in zip(now.get("spec_decode_num_accepted_tokens_per_pos", []),
-                                         before.get("spec_decode_num_accepted_tokens_per_pos", [0] * k))]
-        return SpecMetrics(k, num_drafts=int(drafts),
-                           num_draft_tokens=int(now["spec_decode_num_draft_tokens"]
-                                                - before.get("spec_decode_num_draft_tokens", 0)),
-                           num_accepted_tokens=int(now["spec_decode_num_accepted_tokens"]
-                                                   - before.get("spec_decode_num_accepted_tokens", 0)),
-                           accepted_per_position=[int(a) for a in per_pos])
+        return SpecMetrics(k, num_drafts=int(grown["spec_decode_num_drafts"]),
+                           num_draft_tokens=int(grown["spec_decode_num_draft_tokens"]),
+                           num_accepted_tokens=int(grown["spec_decode_num_accepted_tokens"]),
+                           accepted_per_position=[int(a) for a in grown["spec_decode_num_accepted_tokens_per_pos"]])
+
+    @contextmanager
+    def counting(self, k: int, sink: list[SpecMetrics]) -> Iterator[None]:
+        """vLLM's drafting over the block, appended to `sink` as SpecMetrics (nothing when it did not draft)."""
+        before = self.worker.counters()
+        yield
+        drafted = self.spec_metrics(before, k)
+        sink += [drafted] if drafted is not None else []

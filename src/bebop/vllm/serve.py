@@ -41,18 +41,19 @@ def speculative_config(spec: str, k: int) -> dict | None:
 
 class VllmServer:
     def __init__(self, model: CausalLM, source_dir: str | Path, *, dtype: str, spec: str = "off", k: int = 3,
-                 python: str | None = None, seed: int = 0, where: str | Path | None = None) -> None:
-        """`where`: the folder the weights directory is made in (default: the system's temporary folder)."""
+                 python: str | None = None, seed: int = 0) -> None:
+        """The weights directory is made in the system's temporary folder (TMPDIR) and removed by close."""
         self.source_dir = Path(source_dir)
-        self.with_head = model.config.model_type in HYBRID_FAMILIES  # vLLM refuses a dense Qwen3's mtp.* tensors
+        hybrid = model.config.model_type in HYBRID_FAMILIES
+        self.with_head = hybrid  # vLLM refuses a dense Qwen3's mtp.* tensors
         if spec != "off":
             check_engine_head(self.source_dir, "vllm")
-        self.weights_dir = Path(tempfile.mkdtemp(prefix=".bebop-vllm-weights-", dir=where))
+        self.weights_dir = Path(tempfile.mkdtemp(prefix=".bebop-vllm-weights-"))
         try:
             self._write(model)
             self.worker = VllmWorker(self.weights_dir, dtype=dtype, python=python, seed=seed,
                                      speculative_config=speculative_config(spec, k),
-                                     prefix_caching=False if model.config.model_type in HYBRID_FAMILIES else None)
+                                     prefix_caching=False if hybrid else None)
         except BaseException:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
             raise
@@ -71,6 +72,12 @@ class VllmServer:
         self.worker.close()
         shutil.rmtree(self.weights_dir, ignore_errors=True)
 
+    def __enter__(self) -> "VllmServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 @contextmanager
 def serving(model: CausalLM, source_dir: str | Path, *, python: str | None = None, seed: int = 0) -> Iterator[VllmEngine]:
@@ -78,8 +85,5 @@ def serving(model: CausalLM, source_dir: str | Path, *, python: str | None = Non
     model's dtype (bfloat16 for a Qwen3.5: vLLM-CPU's gated delta net needs it)."""
     hybrid = model.config.model_type in HYBRID_FAMILIES
     dtype = "bfloat16" if hybrid or model.dtype == torch.bfloat16 else "float32"
-    server = VllmServer(model, source_dir, dtype=dtype, python=python, seed=seed)
-    try:
+    with VllmServer(model, source_dir, dtype=dtype, python=python, seed=seed) as server:
         yield server.engine
-    finally:
-        server.close()
