@@ -37,7 +37,7 @@ def test_a_python_without_vllm_is_one_line(headed, tmp_path, capsys, no_vllm_pyt
 
 @pytest.mark.parametrize("extra, message", [
     (["--vllm-python", "/no/such/python"], "--vllm-python /no/such/python: no such file"),
-    (["--mode", "async"], "--engine vllm samples in sync mode"),
+    (["--backend", "ray", "--mode", "async"], "--engine vllm samples in one vLLM worker process"),
     (["--spec", "rs", "--k", "auto"], "--k auto needs bebop's engine"),
 ])
 def test_flags_vllm_cannot_take_are_refused(headed, tmp_path, capsys, extra, message):

@@ -171,6 +171,26 @@ def test_grpo_on_vllm_is_on_policy_and_syncs_the_weights(dense_dir, tmp_path, va
     assert stale[0]["sampler_kl"] == rows[0]["sampler_kl"] and min(r["sampler_kl"] for r in stale[1:]) > 1e-4, stale
 
 
+def _metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_async_grpo_on_vllm_samples_with_the_version_it_is_stamped_with(dense_dir, tmp_path, varied_reward):
+    """--max-staleness 0: the worker thread reloads vLLM before each batch, so the run is the sync run (same
+    samples, same updates); --max-staleness 1: batch i+1 is sampled on vLLM while batch i trains."""
+    keys = ("reward", "policy_version", "staleness", "is_weight_mean", "sampler_kl", "loss")
+    assert main(_rl(dense_dir, tmp_path / "sync")) == 0
+    assert main(_rl(dense_dir, tmp_path / "async0", "--mode", "async", "--max-staleness", "0")) == 0
+    sync, async0 = _metrics(tmp_path / "sync"), _metrics(tmp_path / "async0")
+    assert [r[k] for r in async0 for k in keys] == pytest.approx([r[k] for r in sync for k in keys], abs=1e-6)
+    assert main(_rl(dense_dir, tmp_path / "async1", "--mode", "async", "--max-staleness", "1")) == 0
+    async1 = _metrics(tmp_path / "async1")
+    assert async1[0]["reward"] == sync[0]["reward"] and all(r["staleness"] <= 1 for r in async1)
+    assert any(r["staleness"] == 1 for r in async1)  # sampled while the step before trained
+    for r in async1:  # the log-probs are of the version the batch is stamped with: off by one update, or none
+        assert (r["sampler_kl"] > 1e-4) if r["staleness"] else (abs(r["sampler_kl"]) < 1e-6), async1
+
+
 def test_speculative_rl_on_vllm_syncs_the_head_every_step(hybrid_dir, tmp_path, varied_reward):
     run = tmp_path / "run"
     assert main(_rl(hybrid_dir, run, "--spec", "rs", "--k", "2", "--mtp-update", "ce", "--rollout-dtype",

@@ -135,8 +135,6 @@ class RLConfig:
             if self.vllm_python:
                 raise BebopError("--vllm-python needs --engine vllm")
             return
-        if self.mode != "sync":
-            raise BebopError("--engine vllm samples in sync mode (--mode sync)")
         if self.k == AUTO and self.spec != "off":
             raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
 
@@ -185,6 +183,9 @@ class Backend:
             if self.rollout_workers != 1 or self.ray_address is not None:
                 raise BebopError("--rollout-workers and --ray-address need --backend ray")
             return
+        if cfg.engine == "vllm":
+            raise BebopError("--engine vllm samples in one vLLM worker process bebop starts here: use --backend local "
+                             "(--mode async overlaps it with training)")
         if cfg.mode != "async":
             raise BebopError("--backend ray samples asynchronously: use --mode async "
                              "(--max-staleness 0 for on-policy batches)")

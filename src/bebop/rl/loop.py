@@ -49,7 +49,7 @@ from bebop.rl.sampler import RolloutSampler
 from bebop.rl.source import Fetched, RolloutSource
 from bebop.rl.sync_source import SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
-from bebop.rl.vllm_source import VllmSource
+from bebop.rl.vllm_source import VllmAsyncSource, VllmSource
 from bebop.tasks.dataset_task import load_dataset_task, run_task
 
 if TYPE_CHECKING:
@@ -167,7 +167,9 @@ def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model:
                 policy_version: int, server: VllmServer | None = None) -> RolloutSource:
     """The rollout source for (backend, mode), from the SOURCES table; on vLLM (`server`) the vLLM source."""
     if server is not None:
-        return VllmSource(sampler, model, server, start_index=start_index, policy_version=policy_version)
+        on_vllm = VllmSource if cfg.mode == "sync" else VllmAsyncSource
+        return on_vllm(sampler, model, server, start_index=start_index, policy_version=policy_version,
+                       max_staleness=cfg.max_staleness)
     kind = SOURCES[(backend.name, cfg.mode)]
     extra = {"workers": backend.rollout_workers, "address": backend.ray_address} if backend.name == "ray" else {}
     return kind(sampler, model, start_index=start_index, policy_version=policy_version,

@@ -1,11 +1,17 @@
-"""The sync rollout source on vLLM (`--engine vllm`): each batch is sampled now by a vLLM worker serving the
-trainer's weights, which `publish` writes and reloads after every update (trunk and head: the drafter drafts
-with the head just trained, never a stale one)."""
+"""The rollout sources on vLLM (`--engine vllm`): a vLLM worker serving the trainer's weights samples every
+batch, and each is reloaded with the weights the batch needs (trunk and head: the drafter drafts with the head
+of that version, never a stale one).
+
+    VllmSource        sync: `publish` writes and reloads the weights after every update, the batch is sampled now
+    VllmAsyncSource   async: AsyncSource's worker thread loads a published snapshot into its engine copy, reloads
+                      vLLM with it, then samples (vLLM generates in its own process while the trainer trains)
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bebop.rl.async_loop import AsyncSource
 from bebop.rl.sync_source import SyncSource
 
 if TYPE_CHECKING:
@@ -27,3 +33,27 @@ class VllmSource(SyncSource):
     def close(self) -> None:
         self.sampler.vllm = None
         self.server.close()
+
+
+class VllmAsyncSource(AsyncSource):
+    """Only the worker thread talks to vLLM (sync and generate), so the pipe has one user."""
+
+    def __init__(self, sampler: RolloutSampler, model: CausalLM, server: VllmServer, *, start_index: int,
+                 policy_version: int = 0, max_staleness: int = 1) -> None:
+        self.server = server
+        sampler.vllm = server  # before the worker thread starts
+        super().__init__(sampler, model, start_index=start_index, policy_version=policy_version,
+                         max_staleness=max_staleness)
+
+    def _load_latest(self) -> None:
+        loaded = self.engine_version
+        super()._load_latest()
+        if self.engine_version != loaded:  # a newer snapshot is in the engine copy: vLLM serves it from now on
+            self.server.sync(self.engine)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.sampler.vllm = None
+            self.server.close()
