@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from bebop.embedded import init_model_dir
+from bebop.model import load_model
+from bebop.model.checkpoint import save_model
 from bebop.tasks import get_task
 from bebop.tokenizer import build_char_tokenizer, codec_from_tokenizer, save_tokenizer
 
@@ -88,3 +90,26 @@ def turn_model(headed, tmp_path_factory):
     from rl_helpers import make_turn_model
 
     return make_turn_model(headed, tmp_path_factory.mktemp("turn") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_long_dir(tmp_path_factory):
+    """conftest's tiny model with a 512-token context: the math task's long-tail prompts fit."""
+    path = tmp_path_factory.mktemp("tiny_long")
+    init_model_dir(path, seed=0, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+    return path
+
+
+@pytest.fixture()
+def headed_model(tiny_long_dir, tmp_path):
+    """The tiny random model, made peaked (so the head has something to learn), with a fresh head."""
+    model = load_model(tiny_long_dir)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)  # tied with the embedding: sharper, more predictable
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    path = tmp_path / "model"
+    save_model(model, path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).write_text((tiny_long_dir / name).read_text())
+    return path

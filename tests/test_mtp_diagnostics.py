@@ -9,7 +9,8 @@ from bebop.errors import BebopError
 from bebop.losses import draft_loss
 from bebop.model import load_model
 from bebop.mtp.data import Sequence
-from bebop.mtp.diagnostics import draft_diagnostics, row_diagnostics
+from bebop.mtp.diagnostics import draft_diagnostics
+from bebop.mtp.draft_stats import row_diagnostics
 from bebop.mtp.train import chain_distributions, make_batch
 from bebop.policy import Policy
 

@@ -5,36 +5,11 @@ import json
 import pytest
 import torch
 
-from bebop.embedded import init_model_dir
 from bebop.errors import BebopError
 from bebop.model import load_model
-from bebop.model.checkpoint import save_model
 from bebop.mtp.data import Sequence
 from bebop.mtp.train import MTPTrainConfig, make_batch, train_mtp
 from bebop.policy import load_policy
-
-
-@pytest.fixture(scope="module")
-def tiny_long_dir(tmp_path_factory):
-    """conftest's tiny model with a 512-token context: the math task's long-tail prompts fit."""
-    path = tmp_path_factory.mktemp("tiny_long")
-    init_model_dir(path, seed=0, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
-    return path
-
-
-@pytest.fixture()
-def headed_model(tiny_long_dir, tmp_path):
-    """The tiny random model, made peaked (so the head has something to learn), with a fresh head."""
-    model = load_model(tiny_long_dir)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30.0)  # tied with the embedding: sharper, more predictable
-    model.attach_mtp(1, torch.Generator().manual_seed(0))
-    path = tmp_path / "model"
-    save_model(model, path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (path / name).write_text((tiny_long_dir / name).read_text())
-    return path
 
 
 def _cfg(**kw):
@@ -184,33 +159,6 @@ def test_mtp_eval_cli_prints_one_row_per_point(headed_model, capsys):
     for r in rows:
         assert {"acceptance_rate", "mean_acceptance_length", "acceptance_rate_per_position", "mean_entropy"} <= set(r)
         assert len(r["acceptance_rate_per_position"]) == 2
-
-
-def test_loss_study_writes_a_table_from_its_runs(headed_model, tmp_path):
-    from bebop.study.loss_table import run_loss_study
-
-    rows = run_loss_study(headed_model, tmp_path / "study", task="math", losses=["ce", "e2e_tv"], steps=3, depths=2,
-                          k=2, n_eval=3, num_samples=8, seeds=(0, 1), progress=False)
-    table = (tmp_path / "study" / "loss_table.md").read_text()
-    saved = json.loads((tmp_path / "study" / "loss_table.json").read_text())
-    assert [r["loss"] for r in saved["rows"]] == ["ce", "e2e_tv"] == [r["loss"] for r in rows]
-    assert [(r["loss"], r["seed"]) for r in saved["runs"]] == [("ce", 0), ("e2e_tv", 0), ("ce", 1), ("e2e_tv", 1)]
-    for r in rows:  # mean and t-interval over the two seeds, paired differences to ce
-        values = [x["rs_acceptance_rate"] for x in saved["runs"] if x["loss"] == r["loss"]]
-        ce = [x["rs_acceptance_rate"] for x in saved["runs"] if x["loss"] == "ce"]
-        assert r["rs_acceptance_rate"][0] == pytest.approx(sum(values) / 2)
-        half = 12.706 * abs(values[0] - values[1]) / 2  # t(0.975, 1) * sd / sqrt(2), sd = |a - b| / sqrt(2)
-        assert r["rs_acceptance_rate"][2] - r["rs_acceptance_rate"][0] == pytest.approx(half)
-        diff = [a - b for a, b in zip(values, ce)]
-        assert r["rs_acceptance_rate_vs_ce"][0] == pytest.approx(sum(diff) / 2)
-        mean, low, high = r["rs_acceptance_rate"]
-        assert f"| {r['loss']} | {100 * mean:.1f}%" in table
-        assert (f"[{100 * low:.1f}, {100 * high:.1f}]" in table) == (low != high)
-    # both heads started from the same initialisation and data: their step-1 metrics agree on chains
-    first = [json.loads((tmp_path / "study" / "heads" / loss / "mtp_metrics.jsonl").read_text().splitlines()[0])
-             for loss in ("ce", "e2e_tv")]
-    assert first[0]["num_chains"] == first[1]["num_chains"]
-    assert first[0]["acceptance_per_depth"] == first[1]["acceptance_per_depth"]
 
 
 def test_ce_warmup_switches_loss_once():

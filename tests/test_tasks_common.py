@@ -21,7 +21,7 @@ def n_tokens(text: str) -> int:
 
 
 def test_registry_names_and_unknown_name():
-    assert TASK_NAMES == ("math", "code", "agent", "mix")
+    assert TASK_NAMES == ("math", "code", "agent", "mix", "pick")
     for name in TASK_NAMES:
         assert get_task(name).name == name
     with pytest.raises(BebopError, match="known tasks: math, code, agent, mix"):

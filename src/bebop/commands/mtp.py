@@ -23,6 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     init.add_argument("--model", required=True)
     init.add_argument("--out", help="write to this directory instead (the source is copied first)")
     init.add_argument("--num-layers", type=int, default=1)
+    p.add_argument("--intermediate-size", type=int, default=0,
+                   help="the head's MLP width (0: the trunk's, the layout vLLM and SGLang load; narrower: a study head)")
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--force", action="store_true", help="replace an existing head")
     init.set_defaults(func=run_init)
@@ -102,43 +104,58 @@ def run_diagnose(args: argparse.Namespace) -> None:
 
 
 def _add_study(mtp_sub) -> None:
-    p = mtp_sub.add_parser("study", help="train heads with each loss from the same data and compare acceptance")
+    from bebop.study.loss_study import StudySpec
+
+    d = StudySpec()
+    p = mtp_sub.add_parser("study", help="train heads with each loss to convergence and compare their acceptance "
+                                         "per temperature and head size (docs/results/loss-study.md)")
     p.add_argument("--model", required=True, help="the policy (its head, if any, is ignored)")
-    p.add_argument("--task", default="math")
+    p.add_argument("--task", default=d.task)
     p.add_argument("--out", required=True)
-    p.add_argument("--losses", default="ce,kl,rkl,tv,e2e_tv")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--depths", type=int, default=5)
-    p.add_argument("--k", type=int, default=3)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--n", type=int, default=64, help="test prompts for evaluation")
-    p.add_argument("--num-samples", type=int, default=512)
-    p.add_argument("--seeds", default="0", help="comma-separated; each seed trains and measures one head per loss "
-                                                "(3 or more give 95%% intervals and paired differences to ce)")
-    p.add_argument("--ce-warmup", type=float, default=0.0,
-                   help="fraction of steps the non-ce heads first train with ce (0 = from scratch)")
+    p.add_argument("--losses", default=",".join(d.losses), help="comma-separated, ce among them (the reference)")
+    p.add_argument("--temperatures", default=",".join(map(str, d.temperatures)),
+                   help="comma-separated: each trains its heads on samples at that temperature and measures there")
+    p.add_argument("--head-sizes", default=",".join(d.head_sizes),
+                   help="comma-separated: full (the trunk's MLP width), half, quarter, or a width")
+    p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated; each trains one head "
+                   "per loss and cell (paired differences to ce and 95%% t-intervals over seeds)")
+    p.add_argument("--steps", type=int, default=d.steps, help="the step cap, the same for every loss")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between held-out measures")
+    p.add_argument("--patience", type=int, default=d.patience,
+                   help="stop a head after this many held-out measures without improvement (0: train to the cap)")
+    p.add_argument("--held-out", type=int, default=d.held_out, help="self-distilled samples held out")
+    p.add_argument("--depths", type=int, default=d.depths)
+    p.add_argument("--k", type=int, default=d.k)
+    p.add_argument("--n", type=int, default=d.n_eval, help="test prompts for the measures")
+    p.add_argument("--num-samples", type=int, default=d.num_samples)
+    p.add_argument("--ce-warmup", type=float, default=d.ce_warmup,
+                   help="share of the cap the non-ce heads first train with ce (0 = from scratch)")
+    p.add_argument("--no-sampled", action="store_true", help="the exact measure only (no speculative generation)")
     p.set_defaults(func=run_study)
+
+
+def _csv(text: str, cast, flag: str) -> tuple:
+    try:
+        return tuple(cast(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise BebopError(f"{flag} must be a comma-separated list, got {text!r}") from None
 
 
 def run_study(args: argparse.Namespace) -> None:
     from bebop.losses import DRAFT_LOSSES
-    from bebop.study.loss_table import run_loss_study
+    from bebop.study.loss_study import StudySpec, run_loss_study
 
-    losses = [x.strip() for x in args.losses.split(",") if x.strip()]
+    losses = _csv(args.losses, str, "--losses")
     unknown = [x for x in losses if x not in DRAFT_LOSSES]
     if unknown or not losses:
-        raise BebopError(f"unknown loss(es) {unknown}; choose from {', '.join(DRAFT_LOSSES)}")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        raise BebopError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise BebopError(f"--seeds must name distinct seeds, got {args.seeds!r}")
-    rows = run_loss_study(args.model, args.out, task=args.task, losses=losses, steps=args.steps, depths=args.depths,
-                          k=args.k, temperature=args.temperature, n_eval=args.n, num_samples=args.num_samples,
-                          seeds=seeds, ce_warmup=args.ce_warmup)
-    for row in rows:
-        print(json.dumps(row))
+        raise BebopError(f"unknown loss(es) {list(unknown)}; choose from {', '.join(DRAFT_LOSSES)}")
+    spec = StudySpec(task=args.task, losses=losses, temperatures=_csv(args.temperatures, float, "--temperatures"),
+                     head_sizes=_csv(args.head_sizes, str, "--head-sizes"), seeds=_csv(args.seeds, int, "--seeds"),
+                     steps=args.steps, depths=args.depths, k=args.k, num_samples=args.num_samples,
+                     held_out=args.held_out, eval_every=args.eval_every, patience=args.patience,
+                     ce_warmup=args.ce_warmup, n_eval=args.n, sampled=not args.no_sampled)
+    for cell in run_loss_study(args.model, args.out, spec)["cells"]:
+        print(json.dumps(cell))
 
 
 def _add_train(mtp_sub) -> None:
@@ -224,7 +241,8 @@ def run_init(args: argparse.Namespace) -> None:
         if dst.exists():
             raise BebopError(f"--out {dst} already exists")
         shutil.copytree(src, dst)
-    policy.model.attach_mtp(args.num_layers, torch.Generator().manual_seed(args.seed))
+    policy.model.attach_mtp(args.num_layers, torch.Generator().manual_seed(args.seed),
+                            intermediate_size=args.intermediate_size)
     save_model(policy.model, dst)
     n = sum(int(p.numel()) for p in policy.model.head_parameters())
     print(f"added an MTP head ({args.num_layers} layer(s), {n / 1e6:.2f}M parameters) to {dst}")

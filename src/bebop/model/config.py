@@ -49,6 +49,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     pad_token_id: int | None = None
     mtp_num_hidden_layers: int = 0  # 0: no MTP head in this checkpoint
+    mtp_intermediate_size: int = 0  # the head's MLP width; 0: the trunk's (every engine's layout). A narrower head
+    # (bebop's loss study, a head that cannot represent the target) is bebop's own: engines do not load it
     model_type: str = "qwen3"
     # the Qwen3.5 hybrid (defaults: a dense model; from_dict fills them for the hybrid families)
     layer_types: tuple[str, ...] = ()  # per trunk layer, "full_attention" or "linear_attention"; () = all full
@@ -76,6 +78,8 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.mtp_num_hidden_layers < 0:
             raise BebopError(f"config.json: mtp_num_hidden_layers must be >= 0, got {self.mtp_num_hidden_layers}")
+        if not isinstance(self.mtp_intermediate_size, int) or self.mtp_intermediate_size < 0:
+            raise BebopError(f"config.json: mtp_intermediate_size must be >= 0, got {self.mtp_intermediate_size!r}")
         if self.layer_types:
             self._check_hybrid()
         if self.num_experts:
@@ -199,6 +203,8 @@ class ModelConfig:
         out["hidden_act"] = "silu"
         if not self.mtp_num_hidden_layers:
             out.pop("mtp_num_hidden_layers")
+        if not self.mtp_intermediate_size:
+            out.pop("mtp_intermediate_size")
         if not self.num_experts:
             for name in MOE_FIELDS:
                 out.pop(name)

@@ -25,6 +25,8 @@ mtp.layers.{i}.* (trunk layer names), mtp.norm.weight; `mtp_num_hidden_layers` i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -45,7 +47,8 @@ class MTPHead(nn.Module):
         self.pre_fc_norm_embedding = RMSNorm(h, eps, offset)
         self.pre_fc_norm_hidden = RMSNorm(h, eps, offset)
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.mtp_num_hidden_layers))
+        layer_cfg = replace(cfg, intermediate_size=cfg.mtp_intermediate_size or cfg.intermediate_size)
+        self.layers = nn.ModuleList(DecoderLayer(layer_cfg, i) for i in range(cfg.mtp_num_hidden_layers))
         self.norm = RMSNorm(h, eps, offset)
 
     @property

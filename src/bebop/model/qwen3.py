@@ -84,11 +84,15 @@ class CausalLM(nn.Module):
                     if isinstance(module, nn.Linear) and module.bias is not None:  # nn.Embedding has no bias
                         module.bias.zero_()
 
-    def attach_mtp(self, num_layers: int = 1, generator: torch.Generator | None = None) -> None:
-        """Add a freshly initialised MTP head with `num_layers` layers (replacing any)."""
+    def attach_mtp(self, num_layers: int = 1, generator: torch.Generator | None = None, *,
+                   intermediate_size: int = 0) -> None:
+        """Add a freshly initialised MTP head with `num_layers` layers (replacing any); `intermediate_size` its
+        MLP width (0: the trunk's, the layout engines load)."""
         if num_layers < 1:
             raise BebopError(f"an MTP head needs at least 1 layer, got {num_layers}")
-        self.config = replace(self.config, mtp_num_hidden_layers=num_layers)
+        if intermediate_size < 0:
+            raise BebopError(f"an MTP head's intermediate size must be >= 0 (0: the trunk's), got {intermediate_size}")
+        self.config = replace(self.config, mtp_num_hidden_layers=num_layers, mtp_intermediate_size=intermediate_size)
         self.mtp = MTPHead(self.config).to(device=self.device, dtype=self.dtype)
         self.init_weights(generator, prefix=MTP_PREFIX)
 

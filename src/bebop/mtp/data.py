@@ -80,10 +80,15 @@ def selfdistill_data(policy: Policy, task: Task, *, n: int, temperature: float, 
     with (open_engine or (lambda: nullcontext(generate)))() as generate_fn:
         seqs = sample_sequences(policy, task, n=n, temperature=temperature, seed=seed, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, progress=progress, generate_fn=generate_fn)
+    save_sequences(path, policy, seqs)
+    return seqs
+
+
+def save_sequences(path: Path, policy: Policy, seqs: list[Sequence]) -> None:
+    """seqs as JSONL (atomic), stamped with the tokenizer's fingerprint (load_sequences checks it)."""
     fp = tokenizer_fingerprint(policy)
     write_jsonl(path, [{"prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids, "env_mask": s.env_mask,
                         "tokenizer": fp} for s in seqs])
-    return seqs
 
 
 def sample_sequences(policy: Policy, task: Task, *, n: int, temperature: float, seed: int, split: str = "train",

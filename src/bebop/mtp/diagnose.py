@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from bebop.errors import BebopError
-from bebop.mtp.diagnostics import FIELDS
+from bebop.mtp.draft_stats import FIELDS
 from bebop.mtp.exact import Chains, drafting_starts, expected_chains
 from bebop.mtp.rollout_files import RolloutIds
 from bebop.policy import Policy

@@ -33,7 +33,7 @@ import torch
 from bebop.engine.generate import pad_chunk
 from bebop.model.kv_cache import KVCache
 from bebop.model.qwen3 import CausalLM
-from bebop.mtp.diagnostics import FIELDS, row_diagnostics
+from bebop.mtp.draft_stats import FIELDS, row_diagnostics
 from bebop.sampling import SamplingParams, entropy, sample, warp_probs
 
 

@@ -44,6 +44,10 @@ def check_engine_head(src: Path, engine: str) -> None:
     if not cfg.mtp_num_hidden_layers:
         raise BebopError(f"{src} has no MTP head (config.json: mtp_num_hidden_layers is 0); add one with "
                          "`bebop mtp init` and train it with `bebop mtp train`")
+    if cfg.mtp_intermediate_size and cfg.mtp_intermediate_size != cfg.intermediate_size:
+        raise BebopError(f"{src}'s head has intermediate size {cfg.mtp_intermediate_size}, not the trunk's "
+                         f"{cfg.intermediate_size}: {engine} builds the head in the trunk's layout (a study head; "
+                         "serve it with bebop's engine)")
     if cfg.model_type not in HYBRID_FAMILIES:
         raise BebopError(f"{engine} loads MTP heads only for Qwen3-Next / Qwen3.5 checkpoints, not a dense "
                          f"{cfg.model_type!r} model: serve this head with bebop's engine (`--spec rs`)")

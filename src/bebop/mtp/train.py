@@ -43,6 +43,7 @@ from bebop.model.checkpoint import save_model
 from bebop.model.mtp import MTP_PREFIX
 from bebop.mtp.chain import chain_forward, shifted
 from bebop.mtp.data import Sequence, demonstration_data, selfdistill_data
+from bebop.mtp.patience import Patience
 from bebop.mtp.rollout_files import read_rollouts
 from bebop.policy import Policy, load_policy, resolve_device
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
@@ -91,6 +92,12 @@ class MTPTrainConfig:
                      choices=TRAIN_DTYPES)
     ce_warmup_steps: int = opt(0, "train with ce for the first N steps, then with --loss (the TV gradient "
                                   "vanishes where the draft gives ~0 mass)")
+    held_out: int = opt(0, "self-distillation samples kept out of training, to measure the head's expected "
+                        "acceptance on (bebop.mtp.heldout; 0: none)")
+    eval_every: int = opt(0, "steps between held-out measures, logged as heldout_rs_acceptance (needs --held-out)")
+    patience: int = opt(0, "stop after this many held-out measures without an improvement and keep the best head "
+                        "(0: train every --steps; the best measured head is still the one saved)")
+    eval_k: int = opt(3, "drafts per step of the held-out measure (RS expected acceptance rate at this K)")
     engine: str = opt("bebop", "the engine that samples self-distillation: bebop's, or vLLM in a worker process "
                       "(docs/vllm.md; --vllm-python or BEBOP_VLLM_PYTHON)", choices=ENGINES)
 
@@ -109,9 +116,22 @@ class MTPTrainConfig:
         if not self.temperature > 0:
             raise BebopError(f"--temperature must be > 0 for training targets, got {self.temperature}")
         check_train_dtype(self.dtype)
+        self._check_held_out()
         parse_template_kwargs(self.chat_template_kwargs)
         if self.engine not in ENGINES:
             raise BebopError(f"unknown --engine {self.engine!r}; choose from {', '.join(ENGINES)}")
+
+
+    def _check_held_out(self) -> None:
+        if min(self.held_out, self.eval_every, self.patience) < 0 or self.eval_k < 1:
+            raise BebopError("--held-out, --eval-every and --patience must be >= 0 and --eval-k >= 1")
+        if self.held_out and (self.rollouts or self.held_out >= self.num_samples):
+            raise BebopError(f"--held-out {self.held_out} keeps self-distillation samples out of training: it needs "
+                             f"fewer than --num-samples ({self.num_samples}) and no --rollouts")
+        if bool(self.eval_every) != bool(self.held_out):
+            raise BebopError("--eval-every and --held-out go together: the held-out samples are what is measured")
+        if self.patience and not self.eval_every:
+            raise BebopError("--patience counts held-out measures: give --eval-every and --held-out")
 
 
 @dataclass
@@ -257,13 +277,28 @@ def _train_step(policy: Policy, opt: torch.optim.Optimizer, params: list[torch.n
 
 
 def _save(policy: Policy, out: Path, cfg: MTPTrainConfig, step: int, opt: torch.optim.Optimizer,
-          rng: random.Random) -> None:
+          rng: random.Random, watch: Patience, stopped: bool = False) -> None:
     policy.model.eval()
     save_model(policy.model, out)  # in the model's declared dtype
     save_train_state(out, {"config": asdict(cfg), "step": step, "optimizer": opt.state_dict(),
                            "data_rng": rng.getstate(), "rng": rng_state(),
-                           "head": master_weights(policy.model, MTP_PREFIX)}, STATE_FILE)
+                           "head": master_weights(policy.model, MTP_PREFIX), "patience": watch.state(),
+                           "stopped": stopped}, STATE_FILE)  # stopped: by --patience, before --steps
     policy.model.train()
+
+
+def split_held_out(data: list[Sequence], cfg: MTPTrainConfig) -> tuple[list[Sequence], list[Sequence]]:
+    """(training sequences, held-out ones): the last --held-out self-distillation samples are held out."""
+    if not cfg.held_out:
+        return data, []
+    cut = cfg.num_samples - cfg.held_out  # the samples come first, demonstrations after them
+    return data[:cut] + data[cfg.num_samples:], data[cut: cfg.num_samples]
+
+
+def _held_out_measure(policy: Policy, held: list[Sequence], cfg: MTPTrainConfig) -> float:
+    from bebop.mtp.heldout import expected_acceptance
+
+    return expected_acceptance(policy, held, k=cfg.eval_k, temperature=cfg.temperature, seed=cfg.seed)["rs"]["rate"]
 
 
 def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | None = None, resume: bool = False,
@@ -271,41 +306,80 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
               device: str = "auto", vllm_python: str | None = None) -> dict:
     """Train the head of the model in `model_dir` on `device` (auto, cpu, cuda, cuda:N); write it to `out`
     (default: model_dir). Per-step metrics: OUT/mtp_metrics.jsonl (and the trackers in `loggers`: bebop.loggers).
-    The device is not part of the run: a run resumes on another one."""
+    The device is not part of the run: a run resumes on another one. With --held-out and --eval-every the head
+    with the best held-out expected acceptance is the one saved (and --patience stops when it stops improving)."""
     check_loggers(loggers)  # before anything is written
     out = Path(out or model_dir)
     policy, state = _start(Path(model_dir), out, cfg, resume, device)
+    if state is not None and state.get("stopped"):  # patience ran out: the run is done
+        return _summary(cfg, out, state["step"], Patience.from_state(state["patience"]), None, 0.0)
     params = freeze_trunk(policy)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))  # float32 state: float32 params
     data = load_data(policy, cfg, Path(data_cache or Path(model_dir) / "mtp_data"), progress,
                      _vllm_opener(policy, Path(model_dir), cfg, vllm_python))
-    rng, start = random.Random(cfg.seed), 0
+    data, held = split_held_out(data, cfg)
+    rng, start, watch = random.Random(cfg.seed), 0, Patience(cfg.patience)
     if state is not None:
-        if "head" in state:  # exact, also where the model directory holds the head rounded to its dtype
-            restore_master_weights(policy.model, state["head"])
-        opt.load_state_dict(state["optimizer"])  # moves the state onto the parameters' device
-        rng.setstate(state["data_rng"])
-        set_rng_state(state["rng"])
-        start = state["step"]
+        start, watch = _restore(policy, opt, rng, state)
     elif out != Path(model_dir):
         save_model(policy.model, out)
         copy_tokenizer_files(model_dir, out)
-    log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="mtp",
-                     config=asdict(cfg))
+    log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="mtp", config=asdict(cfg))
+    t0 = time.perf_counter()
+    step = _train_loop(policy, opt, params, data, held, cfg, rng, watch, log, out, start, progress)
+    log.close()
+    return _summary(cfg, out, step, watch, log.last, time.perf_counter() - t0)
+
+
+def _restore(policy: Policy, opt: torch.optim.Optimizer, rng: random.Random, state: dict) -> tuple[int, Patience]:
+    if "head" in state:  # exact, also where the model directory holds the head rounded to its dtype
+        restore_master_weights(policy.model, state["head"])
+    opt.load_state_dict(state["optimizer"])  # moves the state onto the parameters' device
+    rng.setstate(state["data_rng"])
+    set_rng_state(state["rng"])
+    watch = Patience.from_state(state["patience"]) if "patience" in state else Patience(0)
+    return state["step"], watch
+
+
+def _train_loop(policy: Policy, opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], data: list[Sequence],
+                held: list[Sequence], cfg: MTPTrainConfig, rng: random.Random, watch: Patience, log: MetricsLog,
+                out: Path, start: int, progress: bool) -> int:
+    """Steps start+1 .. cfg.steps (or until patience runs out); -> the last step trained. Saves every
+    --save-every steps and at the end, the best held-out head in the model when there is a held-out measure."""
     policy.model.train()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}",
                disable=not progress, file=sys.stderr)
-    t0 = time.perf_counter()
-    for step in bar:
+    step = start
+    for step in range(start + 1, cfg.steps + 1):
         batch = make_batch([data[rng.randrange(len(data))] for _ in range(cfg.batch_size)], cfg.depths, policy.pad_id)
-        result = _train_step(policy, opt, params, batch, cfg, step)
+        result = _train_step(policy, opt, params, batch, cfg, step - 1)
         acc = [round(a, 4) for a in result.acceptance_per_depth.tolist()]
-        log.write({"step": step + 1, "loss": round(result.loss.item(), 5), "acceptance_per_depth": acc,
-                   "num_chains": result.num_chains})
+        row = {"step": step, "loss": round(result.loss.item(), 5), "acceptance_per_depth": acc,
+               "num_chains": result.num_chains}
+        stop = False
+        if cfg.eval_every and step % cfg.eval_every == 0:
+            row["heldout_rs_acceptance"] = value = round(_held_out_measure(policy, held, cfg), 6)
+            if step > cfg.ce_warmup_steps:  # a head of --loss: the warm-up's ce heads are neither kept nor counted
+                stop = watch.update(value, step, policy.model)
+        log.write(row)
+        bar.update()
         bar.set_postfix(loss=f"{result.loss.item():.3f}", acc1=f"{acc[0]:.3f}")
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            _save(policy, out, cfg, step + 1, opt, rng)
-    log.close()
-    last = log.last
-    return {"steps": cfg.steps, "loss": last.get("loss"), "acceptance_per_depth": last.get("acceptance_per_depth"),
-            "train_seconds_this_run": round(time.perf_counter() - t0, 1), "out": str(out)}
+        if stop or step == cfg.steps:
+            watch.restore_best(policy.model)  # no-op without a held-out measure
+            _save(policy, out, cfg, step, opt, rng, watch, stopped=stop)
+            break
+        if step % cfg.save_every == 0:
+            _save(policy, out, cfg, step, opt, rng, watch)
+    bar.close()
+    return step
+
+
+def _summary(cfg: MTPTrainConfig, out: Path, step: int, watch: Patience, last: dict | None, seconds: float) -> dict:
+    last = last or {}
+    summary = {"steps": cfg.steps, "steps_trained": step, "loss": last.get("loss"),
+               "acceptance_per_depth": last.get("acceptance_per_depth"),
+               "train_seconds_this_run": round(seconds, 1), "out": str(out)}
+    if cfg.eval_every:
+        summary |= {"best_step": watch.best_step, "heldout_rs_acceptance_best": watch.best,
+                    "stopped_early": step < cfg.steps}
+    return summary

@@ -54,6 +54,8 @@ class RLConfig:
     weight_decay: float = opt(0.0, "policy AdamW weight decay")
     grad_clip: float = opt(1.0, "policy gradient-norm clip")
     clip_eps: float = opt(0.2, "PPO clip of the ratio to the log-probs at the start of the update")
+    clip_eps_high: float = opt(0.0, "DAPO's Clip-Higher: the ratio's upper clip is 1 + this, the lower stays "
+                               "1 - --clip-eps (0 = the same as --clip-eps; DAPO uses 0.28 with 0.2)")
     ppo_epochs: int = opt(1, "passes over each batch (> 1, or --mini-batches > 1, lets --clip-eps act)")
     mini_batches: int = opt(1, "optimizer steps per pass, each on a random share of the batch's rollouts")
     micro_batch_size: int = opt(8, "rows per forward and backward of the update (0 = each optimizer step's rows "
@@ -61,6 +63,8 @@ class RLConfig:
                                 "length, so short ones are not padded to the long tail's (1.76x faster updates "
                                 "than 0 on the 2-core CPU: docs/benchmarks.md)")
     kl_coef: float = opt(0.0, "k3 KL to the starting policy (0 = off: no reference copy is kept)")
+    entropy_coef: float = opt(0.0, "entropy bonus: the loss subtracts this x the trainer's mean entropy over policy "
+                              "tokens, with gradient (0 = off: the entropy stays detached, no extra work)")
     is_cap: float = opt(2.0, "truncation of the importance weights against the sampler's log-probs")
     max_staleness: int = opt(1, "async: the most policy versions a batch may lag (0 = on-policy lock-step)")
     mtp_lr: float = opt(1e-4, "online MTP learning rate")
@@ -116,6 +120,7 @@ class RLConfig:
                              f"got {self.temperature}")
         if not (self.lr > 0 and self.mtp_lr > 0 and 0 < self.clip_eps < 1 and self.is_cap >= 1 and self.kl_coef >= 0):
             raise BebopError("need --lr > 0, --mtp-lr > 0, 0 < --clip-eps < 1, is_cap >= 1 and --kl-coef >= 0")
+        self._check_clip_and_entropy()
         if self.rollout_threads < 0 or self.train_threads < 0:
             raise BebopError("--rollout-threads and --train-threads must be >= 0 (0 = torch's default)")
         if self.micro_batch_size < 0:
@@ -127,6 +132,13 @@ class RLConfig:
                              f"rollouts of a batch (--batch-prompts x --group-size)")
         self.sampling  # noqa: B018 -- SamplingParams checks --top-k and --top-p
         get_task(self.task, self.difficulty)  # unknown task or difficulty -> BebopError
+
+    def _check_clip_and_entropy(self) -> None:
+        if not self.clip_eps_high >= 0:
+            raise BebopError(f"--clip-eps-high must be >= 0 (0 = the same as --clip-eps), got {self.clip_eps_high}")
+        if not self.entropy_coef >= 0:
+            raise BebopError(f"--entropy-coef must be >= 0 (a bonus that raises the policy's entropy; 0 = off), "
+                             f"got {self.entropy_coef}")
 
     def _check_engine(self) -> None:
         if self.engine not in ENGINES:

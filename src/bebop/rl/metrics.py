@@ -39,7 +39,8 @@ class StepMetrics:
     response_len_mean: float = 0.0
     truncated_frac: float = 0.0  # share of responses cut by max_new_tokens (or the context) before a stop
     loss: float = 0.0
-    pg_loss: float = 0.0  # the clipped surrogate alone (loss = pg_loss + kl_coef * kl)
+    pg_loss: float = 0.0  # the clipped surrogate alone (loss = pg_loss + kl_coef * kl - entropy_coef * H, H the
+    # entropy of the update's forwards: train_entropy with one optimizer step, the default)
     kl: float = 0.0
     clip_frac: float = 0.0  # share of policy tokens whose PPO ratio was clipped (0 with one optimizer step)
     is_weight_mean: float = 1.0

@@ -24,7 +24,9 @@ and without padding the short rows to the long tail's length.
 
 The optimizer holds the trunk only: `mtp.*` parameters are excluded (the head changes only
 through an online MTP strategy, with its own optimizer). With kl_coef > 0 a frozen copy of the
-starting weights (trunk only) serves as the KL reference; with 0 no copy is kept.
+starting weights (trunk only) serves as the KL reference; with 0 no copy is kept. With entropy_coef > 0
+the update's forwards keep the entropy's graph for the loss's bonus; with 0 it is computed detached, as
+for the metrics alone.
 """
 
 from __future__ import annotations
@@ -68,13 +70,14 @@ def frozen_reference(model: CausalLM) -> CausalLM:
     return ref
 
 
-def logprobs_of(model: CausalLM, batch: TrainBatch, sampling: SamplingParams,
-                dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
+def logprobs_of(model: CausalLM, batch: TrainBatch, sampling: SamplingParams, dtype: str = "float32",
+                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (log-probs (B, T-1) of ids[:, 1:], entropy (B, T-1)) under the sampler's warping; the forward
-    runs in the training precision `dtype` (bebop.precision), the log-softmax on model.logits' float32."""
+    runs in the training precision `dtype` (bebop.precision), the log-softmax on model.logits' float32.
+    The entropy carries gradient only with `entropy_grad` (see token_logprobs)."""
     with train_autocast(model.device, dtype):
         logits = model.logits(model(batch.ids))  # (B, T, V) float32
-    return token_logprobs(logits[:, :-1], batch.ids[:, 1:], sampling)
+    return token_logprobs(logits[:, :-1], batch.ids[:, 1:], sampling, entropy_grad)
 
 
 def mini_batch_rows(rows: int, mini_batches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -130,14 +133,16 @@ class PolicyTrainer:
         self.policy_version += 1
         return _summarise(updates, entropy_sum / max(1, int(batch.mask.sum())))
 
-    def _logprobs(self, model: CausalLM, part: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return logprobs_of(model, part, self.sampling, self.cfg.dtype)
+    def _logprobs(self, model: CausalLM, part: TrainBatch, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        return logprobs_of(model, part, self.sampling, self.cfg.dtype, entropy_grad)
 
-    def _micro_forwards(self, batch: TrainBatch) -> Iterator[tuple[torch.Tensor, TrainBatch, torch.Tensor, torch.Tensor]]:
-        """Each micro-batch of `batch`: its rows, those rows trimmed, and their log-probs and entropy (b, w)."""
+    def _micro_forwards(self, batch: TrainBatch, entropy_grad: bool = False
+                        ) -> Iterator[tuple[torch.Tensor, TrainBatch, torch.Tensor, torch.Tensor]]:
+        """Each micro-batch of `batch`: its rows, those rows trimmed, and their log-probs and entropy (b, w)
+        (the entropy with gradient when `entropy_grad`: the loss's entropy bonus)."""
         for rows in micro_batch_rows(batch, self.cfg.micro_batch_size):
             part = batch.rows(rows).trimmed()
-            yield (rows, part, *self._logprobs(self.policy.model, part))
+            yield (rows, part, *self._logprobs(self.policy.model, part, entropy_grad))
 
     def _anchor(self, batch: TrainBatch) -> tuple[torch.Tensor, float]:
         """The trainer's log-probs before the update (B, T-1), under no_grad, and their summed entropy."""
@@ -156,15 +161,18 @@ class PolicyTrainer:
         total = max(1, int(batch.mask.sum()))
         self.optimizer.zero_grad(set_to_none=True)
         outs, entropy_sum = [], 0.0
-        for rows, part, logprobs, entropy in self._micro_forwards(batch):
+        cfg = self.cfg
+        for rows, part, logprobs, entropy in self._micro_forwards(batch, entropy_grad=cfg.entropy_coef > 0):
             anchor = logprobs.detach() if old is None else old[rows][:, : logprobs.shape[1]]
             out = grpo_loss(GRPOLossInputs(logprobs, anchor, part.sampler_logprobs, part.advantages, part.mask,
-                                           self._reference_logprobs(part)),
-                            clip_eps=self.cfg.clip_eps, kl_coef=self.cfg.kl_coef, is_cap=self.cfg.is_cap)
+                                           self._reference_logprobs(part),
+                                           entropy=entropy if cfg.entropy_coef else None),
+                            clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, is_cap=cfg.is_cap,
+                            clip_eps_high=cfg.clip_eps_high, entropy_coef=cfg.entropy_coef)
             (out.loss * (out.num_tokens / total)).backward()
             outs.append(out)
-            entropy_sum += float((entropy * part.mask).sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            entropy_sum += float((entropy.detach() * part.mask).sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return Update(outs, float(grad_norm), entropy_sum)

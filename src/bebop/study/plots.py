@@ -172,3 +172,19 @@ def plot_loss_intervals(losses: Sequence[str], cells: Mapping[str, Sequence[Sequ
     ax.set_ylabel("acceptance rate (mean over seeds, 95% interval)")
     ax.set_ylim(0, 1)
     return _finish(fig, ax, title, path)
+
+
+def plot_curves(curves: Sequence[tuple[str, Sequence[int], Sequence[float]]], path: Path, title: str) -> Path:
+    """curves: (label "LOSS sSEED", steps, values): one line per head, one colour per loss."""
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    colours: dict[str, str] = {}
+    for label, steps, values in curves:
+        loss = label.split()[0]
+        first = loss not in colours
+        colours.setdefault(loss, f"C{len(colours)}")
+        ax.plot(steps, values, color=colours[loss], alpha=0.7, label=loss if first else None)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out RS expected acceptance")
+    _integer_steps(ax)
+    return _finish(fig, ax, title, path)

@@ -1,6 +1,6 @@
 """Verifiable tasks for RL: a registry of generators, prompt formats and reward functions.
 
-    get_task("math" | "code" | "agent" | "mix")  -> a Task (see base.Task)
+    get_task("math" | "code" | "agent" | "mix" | "pick")  -> a Task (see base.Task)
     get_task("math_dataset")                     -> scores completions with math-verify
     dataset_task.load_dataset_task(path, policy) -> a task over your own JSONL / parquet rows
 """
@@ -16,10 +16,12 @@ from bebop.tasks.code_task import CodeTask
 from bebop.tasks.math_answers import DATASET_TASK, DatasetMathTask
 from bebop.tasks.math_task import MathTask
 from bebop.tasks.mix import MixTask
+from bebop.tasks.pick_task import PickTask
 
-TASK_NAMES: tuple[str, ...] = ("math", "code", "agent", "mix")
+TASK_NAMES: tuple[str, ...] = ("math", "code", "agent", "mix", "pick")
 MIX_PARTS = ("math", "code", "agent")
-_GENERATED: dict[str, Callable[[int], Task]] = {"math": MathTask, "code": CodeTask, "agent": AgentTask}
+_GENERATED: dict[str, Callable[[int], Task]] = {"math": MathTask, "code": CodeTask, "agent": AgentTask,
+                                               "pick": PickTask}
 
 
 def get_task(name: str, difficulty: int = DEFAULT_DIFFICULTY) -> Task:
