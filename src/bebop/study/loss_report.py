@@ -42,7 +42,8 @@ def cell_table(cell: dict) -> list[str]:
     return lines
 
 
-def render_cells(data: dict) -> str:
+def render_cells(data: dict, stem: str = "loss_table") -> str:
+    """The markdown of a study's results; `stem` names the per-cell plots beside it (STEM-CELL-curves.png)."""
     meta = data["meta"]
     lines = [f"# Loss study: {meta['task']}, K={meta['k']}", "",
              f"Losses {', '.join(meta['losses'])}; seeds {', '.join(map(str, meta['seeds']))} (a seed sets the head's "
@@ -55,9 +56,10 @@ def render_cells(data: dict) -> str:
              "**sampled** = speculative generation (accepted / drafted tokens). Cells: mean over seeds [95% "
              "t-interval]; 'vs ce' = the paired difference to the ce head of the same seed, in points.", ""]
     for cell in data["cells"]:
-        lines += [f"## T = {cell['temperature']:g}, head {cell['head_size']} ({cell['test_positions']} test positions)",
-                  ""]
-        lines += cell_table(cell) + ["", f"![curves](loss_table-{_slug(cell)}-curves.png)", ""]
+        entropy = f", target entropy {cell['mean_entropy']:.2f} nats" if cell.get("mean_entropy") is not None else ""
+        lines += [f"## T = {cell['temperature']:g}, head {cell['head_size']} ({cell['test_positions']} test positions"
+                  f"{entropy})", ""]
+        lines += cell_table(cell) + ["", f"![curves]({stem}-{_slug(cell)}-curves.png)", ""]
     lines += [f"Command: `{meta['command']}`", ""]
     return "\n".join(lines)
 
@@ -71,7 +73,7 @@ def write_cells_report(results: Path, *, plots: bool = True) -> Path:
 
     data = json.loads(results.read_text())
     md = results.with_suffix(".md")
-    atomic_write_text(md, render_cells(data))
+    atomic_write_text(md, render_cells(data, results.stem))
     if plots:
         for cell in data["cells"]:
             runs = [r for r in data["runs"] if r["temperature"] == cell["temperature"]

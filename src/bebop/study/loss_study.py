@@ -121,12 +121,18 @@ def run_loss_study(policy_dir: str | Path, out: str | Path, spec: StudySpec, *, 
             runs += mine
             cells.append({"temperature": temperature, "head_size": size, "rows": aggregate(mine, spec.losses),
                           "equal_compute": equal_compute(mine, spec.losses),
-                          "test_positions": mine[0]["exact_positions"]})
+                          "test_positions": mine[0]["exact_positions"], "mean_entropy": _mean_entropy(mine)})
     meta = {**asdict(spec), "command": " ".join(shlex.quote(a) for a in sys.argv)}
     results = {"meta": meta, "cells": cells, "runs": runs}
     atomic_write_json(out / "loss_table.json", results)
     write_cells_report(out / "loss_table.json")
     return results
+
+
+def _mean_entropy(runs: list[dict]) -> float | None:
+    """The target's mean entropy over the emitted tokens of the sampled measure (None without it)."""
+    values = [r["mean_entropy"] for r in runs if r.get("mean_entropy") is not None]
+    return sum(values) / len(values) if values else None
 
 
 def test_sequences(policy_dir: Path, out: Path, spec: StudySpec, temperature: float, progress: bool) -> list[Sequence]:

@@ -92,8 +92,10 @@ def section_loss_table(res: DemoResults) -> list[str]:
               f"{meta['n']} {meta['split']} prompts (seed {meta['seed']}, at most {meta['max_new_tokens']} new tokens); "
               "acceptance rate = accepted / drafted tokens, mean accept length = 1 + accepted / drafts. "
               "Source: `results/sweep-<loss>.json`, rows at this temperature. One head per loss: the "
-              "difference between heads is within seed-to-seed spread unless `bebop mtp study --seeds` "
-              "(means with 95% intervals over seeds; docs/results/loss-study.md) says otherwise.", ""]
+              "difference between heads is within seed-to-seed spread unless `bebop mtp study` "
+              "(heads trained to convergence, exact expected acceptance, paired 95% intervals over 5 seeds; "
+              "docs/results/loss-study.md, its tables docs/results/loss-pick-converged.md and the entropy law "
+              "across RL steps docs/results/rl-entropy-law.md) says otherwise.", ""]
     lines += table(["head loss", "RS acceptance", "TO acceptance", "RS mean accept length", "TO mean accept length",
                      "RS per position", "mean entropy (nats)", "final train loss"], rows)
     return lines + ["", "![loss table](plots/loss_table.png)", ""]
