@@ -54,9 +54,13 @@ def hf_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A bebop-written embedded-default model, shrunk for speed."""
-    path = tmp_path_factory.mktemp("tiny_model")
+    return _tiny_dir(tmp_path_factory.mktemp("tiny_model"), context=128)
+
+
+def _tiny_dir(path, *, context: int):
+    """The embedded default shrunk for speed (2 layers, hidden 64), with a context of `context` tokens."""
     init_model_dir(path, seed=0, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=context)
     return path
 
 
@@ -95,10 +99,7 @@ def turn_model(headed, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_long_dir(tmp_path_factory):
     """conftest's tiny model with a 512-token context: the math task's long-tail prompts fit."""
-    path = tmp_path_factory.mktemp("tiny_long")
-    init_model_dir(path, seed=0, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
-    return path
+    return _tiny_dir(tmp_path_factory.mktemp("tiny_long"), context=512)
 
 
 @pytest.fixture()

@@ -347,8 +347,7 @@ def _train_loop(policy: Policy, opt: torch.optim.Optimizer, params: list[torch.n
     """Steps start+1 .. cfg.steps (or until patience runs out); -> the last step trained. Saves every
     --save-every steps and at the end, the best held-out head in the model when there is a held-out measure."""
     policy.model.train()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}",
-               disable=not progress, file=sys.stderr)
+    bar = tqdm(initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}", disable=not progress, file=sys.stderr)
     step = start
     for step in range(start + 1, cfg.steps + 1):
         batch = make_batch([data[rng.randrange(len(data))] for _ in range(cfg.batch_size)], cfg.depths, policy.pad_id)

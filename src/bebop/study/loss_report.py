@@ -15,6 +15,11 @@ COLUMNS = (("exact_rs_rate", "RS exact"), ("exact_to_rate", "TO exact"), ("sampl
            ("sampled_to_rate", "TO sampled"))
 
 
+def cell_name(temperature: float, size: str) -> str:
+    """A cell's name in head directories and plot files: T1-full, T0.7-half."""
+    return f"T{temperature:g}-{size}"
+
+
 def points(cell: list[float] | None, signed: bool = False) -> str:
     """[mean, low, high] of a rate -> '55.3% [51.2, 59.3]' (a difference: '+0.1 [-7.5, +7.7]' points)."""
     if cell is None:
@@ -65,13 +70,13 @@ def render_cells(data: dict, stem: str = "loss_table") -> str:
 
 
 def _slug(cell: dict) -> str:
-    return f"T{cell['temperature']:g}-{cell['head_size']}"
+    return cell_name(cell["temperature"], cell["head_size"])
 
 
 def write_cells_report(results: Path, *, plots: bool = True) -> Path:
     from bebop.study.plots import plot_curves
 
-    data = json.loads(results.read_text())
+    data = json.loads(results.read_text())  # read_study (bebop report) or run_loss_study checked it
     md = results.with_suffix(".md")
     atomic_write_text(md, render_cells(data, results.stem))
     if plots:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
+from bebop.jsonl import read_jsonl
 from bebop.model.config import read_config
 from bebop.mtp.data import Sequence, load_sequences, sample_sequences, save_sequences
 from bebop.mtp.evaluate import evaluate_mtp
@@ -38,6 +39,7 @@ from bebop.mtp.heldout import expected_acceptance
 from bebop.mtp.train import METRICS_FILE, STATE_FILE, MTPTrainConfig, saved_config, train_mtp
 from bebop.policy import load_policy
 from bebop.study.intervals import mean_interval
+from bebop.study.loss_report import cell_name, write_cells_report
 from bebop.study.loss_table import headed_copy
 from bebop.tasks import get_task
 from bebop.train_state import load_train_state
@@ -103,14 +105,8 @@ def head_width(text: str, trunk_intermediate: int) -> int:
     return trunk_intermediate // HEAD_SIZES[text] if text in HEAD_SIZES else int(text)
 
 
-def cell_name(temperature: float, size: str) -> str:
-    return f"T{temperature:g}-{size}"
-
-
 def run_loss_study(policy_dir: str | Path, out: str | Path, spec: StudySpec, *, progress: bool = True) -> dict:
     """Every cell's heads trained and measured; -> the results written to OUT/loss_table.json."""
-    from bebop.study.loss_report import write_cells_report
-
     policy_dir, out = Path(policy_dir), Path(out)
     cells, runs = [], []
     for temperature in spec.temperatures:
@@ -171,8 +167,9 @@ def one_head(policy_dir: Path, out: Path, spec: StudySpec, loss: str, seed: int,
     key = {"k": spec.k, "n_eval": spec.n_eval, "sampled": spec.sampled, "temperature": temperature,
            "test_seed": TEST_SEED, "config": asdict(cfg)}
     saved = head_dir / "study_eval.json"
-    if saved.is_file() and done and json.loads(saved.read_text()).get("key") == key:
-        return json.loads(saved.read_text())["run"]
+    cached = json.loads(saved.read_text()) if done and saved.is_file() else {}
+    if cached.get("key") == key:
+        return cached["run"]
     run = {"loss": loss, "seed": seed, "temperature": temperature, "head_size": size,
            **measure_head(head_dir, spec, temperature, seed, test, progress), **curve(head_dir)}
     atomic_write_json(saved, {"key": key, "run": run})
@@ -199,11 +196,8 @@ def measure_head(head_dir: Path, spec: StudySpec, temperature: float, seed: int,
 
 def curve(head_dir: Path) -> dict:
     """The held-out curve from the head's training log: [[step, RS expected acceptance], ...], and its best step."""
-    points = []
-    for line in (head_dir / METRICS_FILE).read_text().splitlines():
-        row = json.loads(line)
-        if "heldout_rs_acceptance" in row:
-            points.append([row["step"], row["heldout_rs_acceptance"]])
+    points = [[row["step"], row["heldout_rs_acceptance"]] for row in read_jsonl(head_dir / METRICS_FILE)
+              if "heldout_rs_acceptance" in row]
     state = load_train_state(head_dir, STATE_FILE, map_location="cpu")
     best = state.get("patience", {}).get("best_step") or state["step"]
     return {"curve": points, "best_step": best, "steps_trained": state["step"]}

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_text
-from bebop.study.entropy_law import PAPER_SLOPES, slope_interval
+from bebop.jsonl import read_jsonl
+from bebop.study.entropy_law import PAPER_SLOPES, fit_line, slope_interval
 from bebop.study.report_format import slope_cell, table
 
 MEASURES = (("mean_acceptance_length", "accept length"), ("first_draft", "first-draft acceptance"))
@@ -29,8 +30,7 @@ def step_points(run_dir: Path) -> list[dict]:
     if not path.is_file():
         raise BebopError(f"{run_dir} is not an RL run directory (no metrics.jsonl)")
     points = []
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    for row in read_jsonl(path):
         if row.get("acceptance_rate") is None:
             continue  # a step without drafting
         entropy = row["entropy"] if row.get("entropy") is not None else row["train_entropy"]
@@ -95,8 +95,6 @@ def render(law: dict) -> str:
 
 def write_entropy_law(law: dict, out: Path, *, plots: bool = True) -> Path:
     """OUT.md, OUT.json (the points) and OUT.png."""
-    from bebop.study.entropy_law import fit_line
-
     atomic_write_text(out.with_suffix(".json"), json.dumps(law, indent=1) + "\n")
     atomic_write_text(out.with_suffix(".md"), render(law))
     if plots:
