@@ -91,11 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "nproc"):  # a learner command: as N ranks (bebop.dist.launch)
+            from bebop.dist.launch import check_nproc, relaunch, under_launcher
+
+            check_nproc(args.nproc, args.device)
+            if args.nproc > 1 and not under_launcher():
+                args.learner_check(args, args.nproc)  # bad input refused here, before any rank starts
+                return relaunch(args.nproc, argv)
         args.func(args)
     except BebopError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from bebop.dist.world import env_world
+
+        if env_world().is_main:  # every rank meets the same input: one line, from rank 0
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

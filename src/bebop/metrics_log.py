@@ -72,6 +72,21 @@ class MetricsLog:
             tracker.close()
 
 
+class _NoLog:
+    """What ranks other than 0 log to: nothing (rank 0 writes the run's metrics)."""
+
+    last: dict[str, Any] = {}
+
+    def write(self, row: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+NO_LOG: Any = _NoLog()
+
+
 def flat_scalars(row: dict[str, Any], tag: str) -> dict[str, float]:
     """A step's numbers as TAG/KEY (a list: TAG/KEY/1, TAG/KEY/2, ...); None, text and the step itself left out."""
     flat = {}

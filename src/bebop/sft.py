@@ -34,13 +34,15 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from bebop.chat import parse_template_kwargs
+from bebop.dist.parallel import Logits, Parallel, check_parallel
+from bebop.dist.world import World, init_world
 from bebop.embedded import init_model_dir
 from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.fileio import atomic_write_json
 from bebop.loggers import LoggerNames, check_loggers
-from bebop.metrics_log import MetricsLog
+from bebop.metrics_log import NO_LOG, MetricsLog
 from bebop.model.checkpoint import release_dtype, save_model
 from bebop.policy import Policy, load_policy
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
@@ -115,44 +117,52 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tup
     return ids, labels
 
 
-def token_loss_sum(policy: Policy, ids: torch.Tensor, labels: torch.Tensor, dtype: str = "float32") -> torch.Tensor:
+def token_loss_sum(policy: Policy, ids: torch.Tensor, labels: torch.Tensor, dtype: str = "float32",
+                   forward: torch.nn.Module | None = None) -> torch.Tensor:
     """Summed cross-entropy of predicting labels[:, t+1] from ids[:, :t+1] (IGNORE labels skipped); the
-    forward in the training precision `dtype`, the cross-entropy on model.logits' float32."""
+    forward (`forward`, the learner's wrapped Logits; default the model's own) in the training precision
+    `dtype`, the cross-entropy on model.logits' float32."""
     model = policy.model
+    forward = forward or Logits(model)
     with train_autocast(model.device, dtype):
-        logits = model.logits(model(ids.to(model.device)))  # (B, T, V) float32
+        logits = forward(ids.to(model.device))  # (B, T, V) float32
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten().to(model.device),
                            ignore_index=IGNORE, reduction="sum")
 
 
 def backward_step_loss(policy: Policy, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                       dtype: str = "float32") -> float:
+                       dtype: str = "float32", par: Parallel | None = None) -> float:
     """Backpropagate the step's mean next-token cross-entropy over every trained token of all chunks
-    (the gradient of one padded batch, without its padding); return that mean."""
-    n_tokens = max(1, sum(int((labels[:, 1:] != IGNORE).sum()) for _, labels in chunks))
+    (the gradient of one padded batch, without its padding); return that mean. With `par` the chunks are
+    this rank's share: the mean is over every rank's tokens, and the gradients are reduced after the last."""
+    local = sum(int((labels[:, 1:] != IGNORE).sum()) for _, labels in chunks)
+    n_tokens = max(1, int(par.world.sum([local])[0]) if par else local)
     total = 0.0
-    for ids, labels in chunks:
-        loss = token_loss_sum(policy, ids, labels, dtype) / n_tokens
-        loss.backward()
+    for _, (ids, labels) in par.chunks(chunks) if par else enumerate(chunks):
+        loss = token_loss_sum(policy, ids, labels, dtype, par.forward if par else None) / n_tokens
+        (loss * (par.loss_scale if par else 1.0)).backward()
         total += loss.item()
-    return total
+    return par.world.sum([total])[0] if par else total
 
 
 def sample_batch(task: Task, pool: Sequence[Problem], rng: random.Random, codec: TextCodec, batch_size: int,
-                 pad_id: int, context: int | None = None, micro: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A step's examples, sorted by length and collated `micro` at a time: [(ids, labels) (b, T_i)].
+                 pad_id: int, context: int | None = None, micro: int = 4,
+                 world: World = World()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A step's examples, sorted by length and collated `micro` at a time: [(ids, labels) (b, T_i)]; with
+    several ranks, this rank's share (every rank draws the whole batch from the same `rng`).
 
     Long-tail demonstrations are few; sorting keeps them from padding every short example to their
     length (one padded batch of 32 math examples is ~2.4x its real tokens)."""
     problems = [pool[rng.randrange(len(pool))] for _ in range(batch_size)]
     return collate_by_length([encode_example(codec, p.prompt, task.demonstration(p, rng), context) for p in problems],
-                             pad_id, micro)
+                             pad_id, micro, world)
 
 
 def collate_by_length(examples: list[tuple[list[int], list[int]]], pad_id: int,
-                      micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Examples sorted by length and collated `micro` at a time: [(ids, labels) (b, T_i)]."""
-    examples = sorted(examples, key=lambda example: len(example[0]))
+                      micro: int, world: World = World()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Examples sorted by length (this rank's interleaved share of them) and collated `micro` at a time:
+    [(ids, labels) (b, T_i)]."""
+    examples = world.share(sorted(examples, key=lambda example: len(example[0])))
     return [collate(examples[i:i + micro], pad_id) for i in range(0, len(examples), micro)]
 
 
@@ -165,11 +175,13 @@ def held_out_chunks(task: DatasetTask, policy: Policy, cfg: SFTConfig) -> list[t
                              cfg.micro_batch_size)
 
 
-def held_out_loss(policy: Policy, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]], dtype: str) -> float:
-    """The mean next-token cross-entropy over every trained token of `chunks`, without gradients."""
+def held_out_loss(policy: Policy, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]], dtype: str,
+                  forward: torch.nn.Module | None = None) -> float:
+    """The mean next-token cross-entropy over every trained token of `chunks`, without gradients (every rank
+    runs every chunk: the sharded forward is collective)."""
     n_tokens = max(1, sum(int((labels[:, 1:] != IGNORE).sum()) for _, labels in chunks))
     with torch.no_grad():
-        return sum(token_loss_sum(policy, ids, labels, dtype).item() for ids, labels in chunks) / n_tokens
+        return sum(token_loss_sum(policy, ids, labels, dtype, forward).item() for ids, labels in chunks) / n_tokens
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -183,9 +195,10 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
 Tasks = tuple[Task, DatasetTask | None]  # (training task, held-out file)
 
 
-def _start(out: Path, cfg: SFTConfig, resume: bool, device: str) -> tuple[Policy, Tasks, dict | None]:
+def _start(out: Path, cfg: SFTConfig, resume: bool, device: str,
+           world: World = World()) -> tuple[Policy, Tasks, dict | None]:
     """The policy, its tasks and the state to resume (None for a new run). A new run's inputs are all
-    checked (model, data rows, chat template, held-out rows) before OUT is written."""
+    checked (model, data rows, chat template, held-out rows) before OUT is written, by rank 0 only."""
     if resume:
         state = load_train_state(out)
         check_same_config(with_defaults(SFTConfig, state["config"]), asdict(cfg), out)
@@ -195,12 +208,14 @@ def _start(out: Path, cfg: SFTConfig, resume: bool, device: str) -> tuple[Policy
         return policy, _tasks(policy, cfg), state
     if (out / "config.json").exists():
         raise BebopError(f"{out} already holds a model; pass --resume to continue it or choose another --out")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # every rank builds the same start (one seed)
         source = Path(cfg.model) if cfg.model else init_model_dir(tmp, seed=cfg.seed, **dict(cfg.model_overrides))
         policy = load_policy(source, device=device, template_kwargs=cfg.chat_template_kwargs)
         tasks = _tasks(policy, cfg)
-        save_model(policy.model, out)
-        copy_tokenizer_files(source, out)
+        world.barrier()  # every rank has read its inputs: rank 0 writes
+        if world.is_main:
+            save_model(policy.model, out)
+            copy_tokenizer_files(source, out)
     return policy, tasks, None
 
 
@@ -209,54 +224,80 @@ def _tasks(policy: Policy, cfg: SFTConfig) -> Tasks:
     return run_task(policy, task=cfg.task, difficulty=cfg.difficulty, data=cfg.data, need=COMPLETIONS), held_out
 
 
+def _learner(policy: Policy, cfg: SFTConfig, world: World, parallel: str) -> tuple[Parallel, torch.optim.Optimizer]:
+    """The wrapped training forward (FSDP2 or DDP over the ranks; the model itself for one) and its AdamW, built
+    on the wrapped parameters. A head the model carries is frozen: the loss never reaches it."""
+    model = policy.model.train()
+    for p in model.head_parameters():
+        p.requires_grad_(False)
+    par = Parallel(world, parallel, model, Logits(model))
+    opt = torch.optim.AdamW(par.forward.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    return par, opt
+
+
+def _save(out: Path, par: Parallel, cfg: SFTConfig, step: int, opt: torch.optim.Optimizer,
+          rng: random.Random, history: list[float]) -> None:
+    """The model directory, then train_state.pt, written by rank 0 from the gathered state (every rank calls)."""
+    full, optimizer = par.full_model(), par.optimizer_state(opt)
+    if full is None:
+        return
+    save_model(full, out)
+    save_train_state(out, {"config": asdict(cfg), "step": step, "optimizer": optimizer, "data_rng": rng.getstate(),
+                           "rng": rng_state(), "history": history, "learner": par.describe(),
+                           "masters": master_weights(full) if release_dtype(full) != full.dtype else None})
+
+
 def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress: bool = True,
-              loggers: LoggerNames = (), device: str = "cpu") -> dict:
+              loggers: LoggerNames = (), device: str = "cpu", parallel: str = "fsdp") -> dict:
     """Train (or resume) a policy in `out`; return the final metrics (also in sft_meta.json). Per-step
-    metrics: OUT/sft_metrics.jsonl (and the trackers in `loggers`: bebop.loggers)."""
+    metrics: OUT/sft_metrics.jsonl (and the trackers in `loggers`: bebop.loggers). Under torchrun each rank
+    trains its share of every batch (`parallel`: fsdp or ddp, bebop.dist); rank 0 writes."""
     out = Path(out)
     check_loggers(loggers)  # before anything is written
-    policy, (task, held_out_task), state = _start(out, cfg, resume, device)
+    check_parallel(parallel)
+    world, device = init_world(device)
+    world.check_divides(cfg.batch_size, "--batch-size")
+    policy, (task, held_out_task), state = _start(out, cfg, resume, device, world)
     held_out = held_out_chunks(held_out_task, policy, cfg) if held_out_task is not None else None
-    model = policy.model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    num_parameters = sum(p.numel() for p in policy.model.parameters())
+    par, opt = _learner(policy, cfg, world, parallel)
     pool = task.problems("train", cfg.pool, cfg.seed)
     rng = random.Random(cfg.seed)
     start, history = 0, []
     if state is not None:
-        opt.load_state_dict(state["optimizer"])
+        par.load_optimizer_state(opt, state["optimizer"])
         rng.setstate(state["data_rng"])
         set_rng_state(state["rng"])
         start, history = state["step"], state["history"]
+    config = asdict(cfg) | {"learner": par.describe()}
     log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="sft",
-                     config=asdict(cfg))
+                     config=config) if world.is_main else NO_LOG
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"sft {task.name}",
-               disable=not progress, file=sys.stderr)
+               disable=not (progress and world.is_main), file=sys.stderr)
     t0 = time.perf_counter()
     for step in bar:
         chunks = sample_batch(task, pool, rng, policy.codec, cfg.batch_size, policy.pad_id,
-                              model.config.max_position_embeddings, cfg.micro_batch_size)
+                              policy.model.config.max_position_embeddings, cfg.micro_batch_size, world)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
-        loss = backward_step_loss(policy, chunks, cfg.dtype)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        loss = backward_step_loss(policy, chunks, cfg.dtype, par)
+        par.clip_grad_norm(list(par.forward.parameters()), 1.0)
         opt.step()
         history.append(round(loss, 4))
         record = {"step": step + 1, "loss": history[-1], "lr": lr_at(step, cfg)}
         if held_out is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-            record["eval_loss"] = round(held_out_loss(policy, held_out, cfg.dtype), 4)
+            record["eval_loss"] = round(held_out_loss(policy, held_out, cfg.dtype, par.forward), 4)
         log.write(record)
         bar.set_postfix(loss=f"{history[-1]:.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save_model(model, out)
-            save_train_state(out, {"config": asdict(cfg), "step": step + 1, "optimizer": opt.state_dict(),
-                                   "data_rng": rng.getstate(), "rng": rng_state(), "history": history,
-                                   "masters": master_weights(model) if release_dtype(model) != model.dtype else None})
+            _save(out, par, cfg, step + 1, opt, rng, history)
     log.close()
-    metrics = {"config": asdict(cfg), "final_loss": sum(history[-20:]) / max(1, len(history[-20:])),
+    metrics = {"config": asdict(cfg), "learner": par.describe(), "final_loss": sum(history[-20:]) / max(1, len(history[-20:])),
                "steps": cfg.steps, "train_seconds_this_run": round(time.perf_counter() - t0, 1),
-               "num_parameters": sum(p.numel() for p in model.parameters())}
-    atomic_write_json(out / META_FILE, metrics)
+               "num_parameters": num_parameters}
+    if world.is_main:
+        atomic_write_json(out / META_FILE, metrics)
     return metrics
 
 

@@ -30,6 +30,20 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
                         "thinking off")
 
 
+def add_learner_args(p: argparse.ArgumentParser, check) -> None:
+    """--nproc and --parallel: the learner over N ranks (bebop.dist). `check(args, nproc)` refuses a request the
+    ranks could not run (a batch N does not divide) before any rank starts."""
+    from bebop.dist.parallel import PARALLEL
+
+    p.add_argument("--nproc", type=int, default=1,
+                   help="learner ranks on this machine (torch.distributed: gloo on the CPU, NCCL on GPUs; each rank "
+                        "takes its share of every batch); or launch with torchrun --nproc-per-node N -m bebop ...")
+    p.add_argument("--parallel", choices=PARALLEL, default="fsdp",
+                   help="with several ranks: fsdp shards parameters, gradients and AdamW state (FSDP2 fully_shard); "
+                        "ddp keeps a replica per rank (DistributedDataParallel)")
+    p.set_defaults(learner_check=check)
+
+
 def add_log_args(p: argparse.ArgumentParser, run_dir: str = "OUT") -> None:
     """--log TRACKER (repeatable) beside the JSONL log; --tensorboard is --log tensorboard."""
     p.add_argument("--log", action="append", choices=LOGGERS, default=None,

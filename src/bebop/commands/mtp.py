@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from bebop.commands.config_flags import add_config_flags, config_values
-from bebop.commands.flags import VLLM_PYTHON_HELP, add_log_args, check_at_least_one
+from bebop.commands.flags import VLLM_PYTHON_HELP, add_learner_args, add_log_args, check_at_least_one
+from bebop.dist.world import World
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
 from bebop.policy import load_policy
@@ -169,15 +170,24 @@ def _add_train(mtp_sub) -> None:
     add_log_args(p, run_dir="OUT (--out, else --model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (not part of the run: resume anywhere)")
     p.add_argument("--vllm-python", default="", help=VLLM_PYTHON_HELP)
+    add_learner_args(p, _check_train_ranks)
     p.set_defaults(func=run_train)
+
+
+def _check_train_ranks(args: argparse.Namespace, nproc: int) -> None:
+    from bebop.mtp.train import MTPTrainConfig
+
+    World(0, nproc).check_divides(MTPTrainConfig(**config_values(MTPTrainConfig, args)).batch_size, "--batch-size")
 
 
 def run_train(args: argparse.Namespace) -> None:
     from bebop.mtp.train import MTPTrainConfig, train_mtp
 
     cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
-    print(json.dumps(train_mtp(args.model, cfg, out=args.out, resume=args.resume, loggers=args.log or (),
-                               device=args.device, vllm_python=args.vllm_python or None)))
+    summary = train_mtp(args.model, cfg, out=args.out, resume=args.resume, loggers=args.log or (),
+                        device=args.device, vllm_python=args.vllm_python or None, parallel=args.parallel)
+    if World.from_env().is_main:
+        print(json.dumps(summary))
 
 
 def _add_eval(mtp_sub) -> None:

@@ -9,8 +9,9 @@ import argparse
 import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
-from bebop.commands.flags import add_log_args
-from bebop.rl.config import BACKENDS, Backend, RLConfig
+from bebop.commands.flags import add_learner_args, add_log_args
+from bebop.dist.world import World
+from bebop.rl.config import BACKENDS, Backend, RLConfig, check_learner_ranks
 
 REQUIRED = ("model", "steps")  # and --task or --data
 
@@ -28,16 +29,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rollout-workers", type=int, default=1, help="ray: rollout actors (<= max-staleness + 1)")
     p.add_argument("--ray-address", default=None,
                    help="ray: join this cluster (auto, HOST:PORT, ray://HOST:PORT); default: start a local Ray")
+    add_learner_args(p, check_ranks)
     p.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace) -> RLConfig:
+    values = config_values(RLConfig, args)
+    require_one_of(values, ("task", "data"))
+    values.setdefault("mode", "async" if args.backend == "ray" else RLConfig().mode)
+    return RLConfig(**values)
+
+
+def check_ranks(args: argparse.Namespace, nproc: int) -> None:
+    cfg = _config(args)
+    Backend(args.backend, args.rollout_workers, args.ray_address).validate(cfg)
+    check_learner_ranks(cfg, nproc)
 
 
 def run(args: argparse.Namespace) -> None:
     from bebop.rl.loop import train_rl
 
-    values = config_values(RLConfig, args)
-    require_one_of(values, ("task", "data"))
-    values.setdefault("mode", "async" if args.backend == "ray" else RLConfig().mode)
-    summary = train_rl(args.out, RLConfig(**values), resume=args.resume, progress=not args.no_progress,
+    summary = train_rl(args.out, _config(args), resume=args.resume, progress=not args.no_progress,
                        loggers=args.log or (), device=args.device,
-                       backend=Backend(args.backend, args.rollout_workers, args.ray_address))
-    print(json.dumps(summary))
+                       backend=Backend(args.backend, args.rollout_workers, args.ray_address), parallel=args.parallel)
+    if World.from_env().is_main:
+        print(json.dumps(summary))

@@ -8,7 +8,8 @@ import argparse
 import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
-from bebop.commands.flags import add_log_args
+from bebop.commands.flags import add_learner_args, add_log_args
+from bebop.dist.world import World
 from bebop.sft import DEFAULT_STEPS, SFTConfig, train_sft
 
 
@@ -20,14 +21,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     add_log_args(p)
+    add_learner_args(p, check_ranks)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> None:
+def _config(args: argparse.Namespace) -> SFTConfig:
     values = config_values(SFTConfig, args)
     require_one_of(values, ("task", "data"))
     if not values.get("data"):
         values.setdefault("steps", DEFAULT_STEPS.get(values["task"], SFTConfig().steps))  # tuned per task
-    metrics = train_sft(args.out, SFTConfig(**values), resume=args.resume, loggers=args.log or (),
-                        device=args.device)
-    print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))
+    return SFTConfig(**values)
+
+
+def check_ranks(args: argparse.Namespace, nproc: int) -> None:
+    World(0, nproc).check_divides(_config(args).batch_size, "--batch-size")
+
+
+def run(args: argparse.Namespace) -> None:
+    metrics = train_sft(args.out, _config(args), resume=args.resume, loggers=args.log or (),
+                        device=args.device, parallel=args.parallel)
+    if World.from_env().is_main:
+        print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))

@@ -28,11 +28,13 @@ class Patience:
     bad: int = 0  # measures since the last improvement
     best_head: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
-    def update(self, value: float, step: int, model: torch.nn.Module) -> bool:
-        """Record the held-out measure at `step`; True when training should stop."""
+    def update(self, value: float, step: int, model: torch.nn.Module | None) -> bool:
+        """Record the held-out measure at `step`; True when training should stop. `model` None: count only (a
+        rank that does not hold the whole model; rank 0 keeps the head)."""
         if value > self.best + MIN_DELTA:
             self.best, self.best_step, self.bad = value, step, 0
-            self.best_head = master_weights(model, MTP_PREFIX)
+            if model is not None:
+                self.best_head = master_weights(model, MTP_PREFIX)
         else:
             self.bad += 1
         return self.patience > 0 and self.bad >= self.patience

@@ -26,21 +26,24 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from bebop.chat import parse_template_kwargs
+from bebop.dist.parallel import Parallel, check_parallel
+from bebop.dist.world import World, init_world
 from bebop.encoding import env_token_mask
 from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.loggers import LoggerNames, check_loggers
 from bebop.losses import DRAFT_LOSSES, DraftHiddenInputs, DraftLossInputs, DraftLossOutput, draft_loss_from_hidden
-from bebop.metrics_log import MetricsLog
+from bebop.metrics_log import NO_LOG, MetricsLog
 from bebop.model.checkpoint import save_model
 from bebop.model.mtp import MTP_PREFIX
+from bebop.model.qwen3 import CausalLM
 from bebop.mtp.chain import chain_forward, shifted
 from bebop.mtp.data import Sequence, demonstration_data, selfdistill_data
 from bebop.mtp.patience import Patience
@@ -160,22 +163,37 @@ def loss_at(step: int, cfg: MTPTrainConfig) -> str:
     return "ce" if step < cfg.ce_warmup_steps else cfg.loss
 
 
-def chain_hidden(policy: Policy, batch: ChainBatch, depths: int, temperature: float) -> DraftHiddenInputs:
-    """Every chain of the batch at depths 1..D as hidden states: the head's outputs (gradient into the head
-    only) and the trunk's at the target positions (detached) -> (N, D, H) each, with the shared LM head and
-    keep (N,). The target for depth d at chain t is the trunk's state (hence distribution) at position t+d."""
+class DraftChains(torch.nn.Module):
+    """The training forward of the head as one module (what DDP and FSDP2 wrap): ids (B, T) -> the head's chain
+    outputs (gradient into the head only) and the trunk's states at the target positions (detached), (B, T, D, H)
+    each after their norms, and the shared LM head's weight (V, H). The target for depth d at chain t is the
+    trunk's state (hence distribution) at position t+d."""
+
+    def __init__(self, model: CausalLM, depths: int, pad_id: int) -> None:
+        super().__init__()
+        self.model, self.depths, self.pad_id = model, depths, pad_id
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        model, depths = self.model, self.depths
+        with torch.no_grad():
+            hidden = model(ids)  # (B, T, H) after the final norm
+            targets = torch.stack([shifted(hidden, d, 0) for d in range(1, depths + 1)], dim=2)  # (B, T, D, H)
+            embeds = [model.embed(shifted(ids, d, self.pad_id)) for d in range(1, depths + 1)]
+        drafts = torch.stack(chain_forward(model.require_mtp(), hidden, embeds), dim=2)  # (B, T, D, H)
+        return drafts, targets, model.lm_head.weight
+
+
+def chain_hidden(policy: Policy, batch: ChainBatch, depths: int, temperature: float,
+                 forward: torch.nn.Module | None = None) -> DraftHiddenInputs:
+    """Every chain of the batch at depths 1..D as hidden states (DraftChains; `forward`: the learner's wrapped
+    one) -> (N, D, H) each, with the shared LM head and keep (N,)."""
     model = policy.model
-    head = model.require_mtp()
-    ids, keep = batch.ids.to(model.device), batch.keep.to(model.device)  # (B, T) each
-    with torch.no_grad():
-        hidden = model(ids)  # (B, T, H) after the final norm
-        targets = torch.stack([shifted(hidden, d, 0) for d in range(1, depths + 1)], dim=2)  # (B, T, D, H)
-        embeds = [model.embed(shifted(ids, d, policy.pad_id)) for d in range(1, depths + 1)]
-    drafts = torch.stack(chain_forward(head, hidden, embeds), dim=2)  # (B, T, D, H), after the head's norm
-    h = hidden.shape[-1]
+    forward = forward or DraftChains(model, depths, policy.pad_id)
+    drafts, targets, lm_head = forward(batch.ids.to(model.device))
+    h = drafts.shape[-1]
     # model.logits and model.mtp_logits are both lm_head(x).float(): a bias-free product, no softcap or scale
-    return DraftHiddenInputs(drafts.reshape(-1, depths, h), targets.reshape(-1, depths, h), model.lm_head.weight,
-                             temperature, keep.reshape(-1))
+    return DraftHiddenInputs(drafts.reshape(-1, depths, h), targets.reshape(-1, depths, h), lm_head,
+                             temperature, batch.keep.to(model.device).reshape(-1))
 
 
 def chain_distributions(policy: Policy, batch: ChainBatch, depths: int, temperature: float) -> DraftLossInputs:
@@ -190,12 +208,13 @@ def loss_chunk_size(depths: int, vocab_size: int) -> int:
     return max(1, LOSS_CHUNK_FLOATS // (depths * vocab_size))
 
 
-def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig, loss: str | None = None):
+def chain_step(policy: Policy, batch: ChainBatch, cfg: MTPTrainConfig, loss: str | None = None,
+               forward: torch.nn.Module | None = None):
     """The draft loss (default cfg.loss) of one batch, gradient into the head only -> DraftLossOutput.
 
     Fused from the hidden states (bebop.losses.hidden): the LM head's logits are recomputed chunk by
     chunk in forward and backward, never held for the whole batch."""
-    inputs = chain_hidden(policy, batch, cfg.depths, cfg.temperature)
+    inputs = chain_hidden(policy, batch, cfg.depths, cfg.temperature, forward)
     chunk = loss_chunk_size(cfg.depths, inputs.lm_head.shape[0])
     return draft_loss_from_hidden(loss or cfg.loss, inputs, chunk_size=chunk)
 
@@ -252,39 +271,85 @@ def _training_device(name: str) -> str:
 
 
 def _start(model_dir: Path, out: Path, cfg: MTPTrainConfig, resume: bool, device: str) -> tuple[Policy, dict | None]:
-    """The policy on `device` (from `out` when resuming) and the state to resume, config checked."""
+    """The policy on `device` (from `out` when resuming) and the state to resume, config checked; a resumed head's
+    exact weights restored."""
     policy = load_policy(out if resume else model_dir, device=_training_device(device),
                          template_kwargs=cfg.chat_template_kwargs)
     policy.model.require_mtp()
     state = load_train_state(out, STATE_FILE, map_location="cpu") if resume else None
     if state is not None:
         check_same_config(saved_config(state), asdict(cfg), out)
+        if "head" in state:  # exact, also where the model directory holds the head rounded to its dtype
+            restore_master_weights(policy.model, state["head"])
     return policy, state
 
 
-def _train_step(policy: Policy, opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], batch: ChainBatch,
-                cfg: MTPTrainConfig, step: int) -> DraftLossOutput:
-    """One optimizer step: the chain loss forward in the training precision, backward, clip, AdamW."""
-    for g in opt.param_groups:
+@dataclass
+class _Run:
+    """What the loop needs: the policy, its wrapped forward over the ranks, the head's optimizer and parameters."""
+
+    policy: Policy
+    par: Parallel
+    opt: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    cfg: MTPTrainConfig
+    out: Path
+
+    @property
+    def world(self) -> World:
+        return self.par.world
+
+
+def _learner(policy: Policy, cfg: MTPTrainConfig, world: World, parallel: str, out: Path) -> _Run:
+    """The trunk frozen, the training forward wrapped (FSDP2 shards the frozen trunk too: it is the memory), and
+    AdamW over the head's (wrapped) parameters."""
+    freeze_trunk(policy)
+    par = Parallel(world, parallel, policy.model, DraftChains(policy.model, cfg.depths, policy.pad_id))
+    params = policy.model.head_parameters()
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))  # float32 state: float32 params
+    return _Run(policy, par, opt, params, cfg, out)
+
+
+def _train_step(run: _Run, batch: ChainBatch, step: int) -> tuple[DraftLossOutput, dict]:
+    """One optimizer step on this rank's share: the chain loss forward in the training precision, backward (the
+    share's mean weighted by its share of every rank's chains), clip, AdamW -> (output, the step's metrics)."""
+    cfg, world = run.cfg, run.world
+    for g in run.opt.param_groups:
         g["lr"] = cfg.lr * min(1.0, (step + 1) / 20)
-    with train_autocast(policy.model.device, cfg.dtype):
-        result = chain_step(policy, batch, cfg, loss_at(step, cfg))
-    opt.zero_grad(set_to_none=True)
-    result.loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-    opt.step()
-    return result
+    with train_autocast(run.policy.model.device, cfg.dtype):
+        result = chain_step(run.policy, batch, cfg, loss_at(step, cfg), run.par.forward)
+    run.opt.zero_grad(set_to_none=True)
+    metrics = _step_metrics(result, world)
+    share = result.num_chains / max(1, metrics["num_chains"]) if world.distributed else 1.0
+    (result.loss * (share * run.par.loss_scale)).backward()
+    run.par.clip_grad_norm(run.params, cfg.grad_clip)
+    run.opt.step()
+    return result, metrics
 
 
-def _save(policy: Policy, out: Path, cfg: MTPTrainConfig, step: int, opt: torch.optim.Optimizer,
-          rng: random.Random, watch: Patience, stopped: bool = False) -> None:
-    policy.model.eval()
-    save_model(policy.model, out)  # in the model's declared dtype
-    save_train_state(out, {"config": asdict(cfg), "step": step, "optimizer": opt.state_dict(),
-                           "data_rng": rng.getstate(), "rng": rng_state(),
-                           "head": master_weights(policy.model, MTP_PREFIX), "patience": watch.state(),
-                           "stopped": stopped}, STATE_FILE)  # stopped: by --patience, before --steps
-    policy.model.train()
+def _step_metrics(result: DraftLossOutput, world: World) -> dict:
+    """The step's loss and acceptance per depth over every rank's chains (chain-weighted means)."""
+    acc = result.acceptance_per_depth.tolist()
+    loss, n = result.loss.item(), result.num_chains
+    if world.distributed:
+        sums = world.sum([loss * n, *(a * n for a in acc), n])
+        n = int(sums[-1])
+        loss, acc = sums[0] / max(1, n), [a / max(1, n) for a in sums[1:-1]]
+    return {"loss": round(loss, 5), "acceptance_per_depth": [round(a, 4) for a in acc], "num_chains": n}
+
+
+def _save(run: _Run, step: int, rng: random.Random, watch: Patience, stopped: bool = False) -> None:
+    """The model, then the train state, by rank 0 from the gathered weights (every rank calls)."""
+    full, optimizer = run.par.full_model(), run.par.optimizer_state(run.opt)
+    if full is None:
+        return
+    full.eval()
+    save_model(full, run.out)  # in the model's declared dtype
+    save_train_state(run.out, {"config": asdict(run.cfg), "step": step, "optimizer": optimizer,
+                               "data_rng": rng.getstate(), "rng": rng_state(), "learner": run.par.describe(),
+                               "head": master_weights(full, MTP_PREFIX), "patience": watch.state(),
+                               "stopped": stopped}, STATE_FILE)  # stopped: by --patience, before --steps
+    full.train()
 
 
 def split_held_out(data: list[Sequence], cfg: MTPTrainConfig) -> tuple[list[Sequence], list[Sequence]]:
@@ -301,74 +366,97 @@ def _held_out_measure(policy: Policy, held: list[Sequence], cfg: MTPTrainConfig)
     return expected_acceptance(policy, held, k=cfg.eval_k, temperature=cfg.temperature, seed=cfg.seed)["rs"]["rate"]
 
 
+def _load_data_ranked(policy: Policy, cfg: MTPTrainConfig, model_dir: Path, data_cache: str | Path | None,
+                      progress: bool, vllm_python: str | None, world: World) -> list[Sequence]:
+    """The training sequences; with several ranks, rank 0 samples (and caches) them first, then the others read."""
+    cache = Path(data_cache or model_dir / "mtp_data")
+    opener = _vllm_opener(policy, model_dir, cfg, vllm_python)
+    data = load_data(policy, cfg, cache, progress, opener) if world.is_main else []
+    world.barrier()
+    return data if world.is_main else load_data(policy, cfg, cache, False, opener)
+
+
 def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | None = None, resume: bool = False,
               progress: bool = True, data_cache: str | Path | None = None, loggers: LoggerNames = (),
-              device: str = "auto", vllm_python: str | None = None) -> dict:
+              device: str = "auto", vllm_python: str | None = None, parallel: str = "fsdp") -> dict:
     """Train the head of the model in `model_dir` on `device` (auto, cpu, cuda, cuda:N); write it to `out`
     (default: model_dir). Per-step metrics: OUT/mtp_metrics.jsonl (and the trackers in `loggers`: bebop.loggers).
     The device is not part of the run: a run resumes on another one. With --held-out and --eval-every the head
-    with the best held-out expected acceptance is the one saved (and --patience stops when it stops improving)."""
+    with the best held-out expected acceptance is the one saved (and --patience stops when it stops improving).
+    Under torchrun each rank trains its share of every batch (`parallel`: fsdp or ddp, bebop.dist); rank 0 writes."""
     check_loggers(loggers)  # before anything is written
+    check_parallel(parallel)
+    world, device = init_world(device)
+    world.check_divides(cfg.batch_size, "--batch-size")
     out = Path(out or model_dir)
     policy, state = _start(Path(model_dir), out, cfg, resume, device)
     if state is not None and state.get("stopped"):  # patience ran out: the run is done
         return _summary(cfg, out, state["step"], Patience.from_state(state["patience"]), None, 0.0)
-    params = freeze_trunk(policy)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))  # float32 state: float32 params
-    data = load_data(policy, cfg, Path(data_cache or Path(model_dir) / "mtp_data"), progress,
-                     _vllm_opener(policy, Path(model_dir), cfg, vllm_python))
-    data, held = split_held_out(data, cfg)
-    rng, start, watch = random.Random(cfg.seed), 0, Patience(cfg.patience)
-    if state is not None:
-        start, watch = _restore(policy, opt, rng, state)
-    elif out != Path(model_dir):
+    data, held = split_held_out(_load_data_ranked(policy, cfg, Path(model_dir), data_cache, progress, vllm_python,
+                                                  world), cfg)
+    if state is None and out != Path(model_dir) and world.is_main:
         save_model(policy.model, out)
         copy_tokenizer_files(model_dir, out)
-    log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="mtp", config=asdict(cfg))
+    run = _learner(policy, cfg, world, parallel, out)
+    rng, start, watch = random.Random(cfg.seed), 0, Patience(cfg.patience)
+    if state is not None:
+        start, watch = _restore(run, rng, state)
+    log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="mtp",
+                     config=asdict(cfg) | {"learner": run.par.describe()}) if world.is_main else NO_LOG
     t0 = time.perf_counter()
-    step = _train_loop(policy, opt, params, data, held, cfg, rng, watch, log, out, start, progress)
+    step = _train_loop(run, data, held, rng, watch, log, start, progress)
     log.close()
     return _summary(cfg, out, step, watch, log.last, time.perf_counter() - t0)
 
 
-def _restore(policy: Policy, opt: torch.optim.Optimizer, rng: random.Random, state: dict) -> tuple[int, Patience]:
-    if "head" in state:  # exact, also where the model directory holds the head rounded to its dtype
-        restore_master_weights(policy.model, state["head"])
-    opt.load_state_dict(state["optimizer"])  # moves the state onto the parameters' device
+def _restore(run: _Run, rng: random.Random, state: dict) -> tuple[int, Patience]:
+    run.par.load_optimizer_state(run.opt, state["optimizer"])  # moves the state onto the parameters' device
     rng.setstate(state["data_rng"])
     set_rng_state(state["rng"])
     watch = Patience.from_state(state["patience"]) if "patience" in state else Patience(0)
     return state["step"], watch
 
 
-def _train_loop(policy: Policy, opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], data: list[Sequence],
-                held: list[Sequence], cfg: MTPTrainConfig, rng: random.Random, watch: Patience, log: MetricsLog,
-                out: Path, start: int, progress: bool) -> int:
+def _measure(run: _Run, held: list[Sequence], watch: Patience, step: int, row: dict) -> bool:
+    """The held-out measure (rank 0, on the whole model; every rank learns it) -> True: patience ran out."""
+    full = run.par.full_model()
+    value = round(_held_out_measure(replace(run.policy, model=full), held, run.cfg), 6) if full is not None else None
+    row["heldout_rs_acceptance"] = value = run.world.broadcast(value)
+    if step <= run.cfg.ce_warmup_steps:  # a head of --loss: the warm-up's ce heads are neither kept nor counted
+        return False
+    return watch.update(value, step, full)
+
+
+def _keep_best(run: _Run, watch: Patience) -> None:
+    """The best measured head back in the model on every rank (no-op without a held-out measure)."""
+    best = run.world.broadcast(watch.best_head)
+    if best is not None:
+        run.par.load_full_state(best, strict=False)
+
+
+def _train_loop(run: _Run, data: list[Sequence], held: list[Sequence], rng: random.Random, watch: Patience,
+                log: MetricsLog, start: int, progress: bool) -> int:
     """Steps start+1 .. cfg.steps (or until patience runs out); -> the last step trained. Saves every
     --save-every steps and at the end, the best held-out head in the model when there is a held-out measure."""
+    cfg, policy = run.cfg, run.policy
     policy.model.train()
-    bar = tqdm(initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}", disable=not progress, file=sys.stderr)
+    bar = tqdm(initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}", disable=not (progress and run.world.is_main),
+               file=sys.stderr)
     step = start
     for step in range(start + 1, cfg.steps + 1):
-        batch = make_batch([data[rng.randrange(len(data))] for _ in range(cfg.batch_size)], cfg.depths, policy.pad_id)
-        result = _train_step(policy, opt, params, batch, cfg, step - 1)
-        acc = [round(a, 4) for a in result.acceptance_per_depth.tolist()]
-        row = {"step": step, "loss": round(result.loss.item(), 5), "acceptance_per_depth": acc,
-               "num_chains": result.num_chains}
-        stop = False
-        if cfg.eval_every and step % cfg.eval_every == 0:
-            row["heldout_rs_acceptance"] = value = round(_held_out_measure(policy, held, cfg), 6)
-            if step > cfg.ce_warmup_steps:  # a head of --loss: the warm-up's ce heads are neither kept nor counted
-                stop = watch.update(value, step, policy.model)
+        seqs = [data[rng.randrange(len(data))] for _ in range(cfg.batch_size)]
+        _, row = _train_step(run, make_batch(run.world.share(seqs), cfg.depths, policy.pad_id), step - 1)
+        row = {"step": step, **row}
+        stop = bool(cfg.eval_every and step % cfg.eval_every == 0) and _measure(run, held, watch, step, row)
         log.write(row)
         bar.update()
-        bar.set_postfix(loss=f"{result.loss.item():.3f}", acc1=f"{acc[0]:.3f}")
+        bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acceptance_per_depth'][0]:.3f}")
         if stop or step == cfg.steps:
-            watch.restore_best(policy.model)  # no-op without a held-out measure
-            _save(policy, out, cfg, step, opt, rng, watch, stopped=stop)
+            _keep_best(run, watch)
+            _save(run, step, rng, watch, stopped=stop)
             break
         if step % cfg.save_every == 0:
-            _save(policy, out, cfg, step, opt, rng, watch)
+            _save(run, step, rng, watch)
     bar.close()
     return step
 

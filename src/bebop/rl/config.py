@@ -210,3 +210,20 @@ def check_worker_count(workers: int, max_staleness: int) -> None:
         raise BebopError(f"--rollout-workers {workers} with --max-staleness {max_staleness}: between 1 and "
                          f"max_staleness + 1 = {max_staleness + 1} workers can sample batches fresh enough to "
                          f"train on; raise --max-staleness or use fewer workers")
+
+
+def check_learner_ranks(cfg: RLConfig, nproc: int) -> None:
+    """What an update over `nproc` learner ranks needs: every mini-batch split into equal shares, and the parts
+    that run only in one process (the online head update, the vLLM worker) left out."""
+    if nproc <= 1:
+        return
+    rows = cfg.batch_prompts * cfg.group_size
+    if rows % (cfg.mini_batches * nproc):
+        raise BebopError(f"the batch's {rows} rollouts (--batch-prompts x --group-size) must split into --mini-batches "
+                         f"{cfg.mini_batches} x {nproc} ranks equal shares: choose sizes that divide")
+    if cfg.mtp_update != "none":
+        raise BebopError(f"--mtp-update {cfg.mtp_update} trains the head in the learner's one process: with --nproc "
+                         f"{nproc} use --mtp-update none (the pre-RL head drafts)")
+    if cfg.engine != "bebop":
+        raise BebopError(f"--engine {cfg.engine} with --nproc {nproc} is not supported yet: the learner ranks sample "
+                         "with bebop's engine (--engine bebop)")

@@ -20,24 +20,26 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
+from bebop.dist.parallel import Logits, Parallel, check_parallel
+from bebop.dist.world import World, init_world
 from bebop.engine.speculative import AUTO
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.loggers import LoggerNames, check_loggers
-from bebop.metrics_log import MetricsLog
+from bebop.metrics_log import NO_LOG, MetricsLog
 from bebop.model.checkpoint import load_model, release_dtype
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy, load_policy
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
-from bebop.rl.config import Backend, RLConfig, run_identity
+from bebop.rl.config import Backend, RLConfig, check_learner_ranks, run_identity
 from bebop.rl.drafter_alarm import CLEARED, RAISED, DrafterAlarm
 from bebop.rl.evaluation import Evaluator
 from bebop.rl.metrics import METRICS_FILE, StepMetrics, length_percentiles
@@ -95,9 +97,7 @@ def _restore(ckpt: Checkpoint | None, trainer: PolicyTrainer, online: OnlineMTP 
     if ckpt is None:
         return 0, 0
     state = ckpt.state
-    if state.get("masters"):  # the checkpoint's model directory holds the weights rounded to its dtype
-        restore_master_weights(trainer.policy.model, state["masters"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.par.load_optimizer_state(trainer.optimizer, state["optimizer"])
     if online is not None:
         online.optimizer.load_state_dict(state["mtp_optimizer"])
     set_rng_state(state["rng"])
@@ -105,12 +105,13 @@ def _restore(ckpt: Checkpoint | None, trainer: PolicyTrainer, online: OnlineMTP 
 
 
 def _checkpoint_state(cfg: RLConfig, step: int, data_index: int, trainer: PolicyTrainer,
-                      online: OnlineMTP | None, alarm: DrafterAlarm) -> dict:
-    model = trainer.policy.model
+                      online: OnlineMTP | None, alarm: DrafterAlarm, model: CausalLM, optimizer: dict) -> dict:
+    """The resumable state beside the checkpoint's model directory (`model`: the whole model, `optimizer`: its
+    state in one process's layout, both gathered on rank 0)."""
     rounded = release_dtype(model) != model.dtype  # then the model directory alone would not resume exactly
     return {"config": asdict(cfg), "step": step, "policy_version": trainer.policy_version, "data_index": data_index,
-            "drafter_alarm": alarm.state(),
-            "optimizer": trainer.optimizer.state_dict(),
+            "drafter_alarm": alarm.state(), "learner": trainer.par.describe(),
+            "optimizer": optimizer,
             "mtp_optimizer": online.optimizer.state_dict() if online is not None else None, "rng": rng_state(),
             "masters": master_weights(model) if rounded else None}
 
@@ -177,10 +178,15 @@ def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model:
 
 
 def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: bool = True,
-             loggers: LoggerNames = (), device: str = "auto", backend: Backend = Backend()) -> dict:
-    """Run (or resume) GRPO in `out`; return a summary of the last steps."""
+             loggers: LoggerNames = (), device: str = "auto", backend: Backend = Backend(),
+             parallel: str = "fsdp") -> dict:
+    """Run (or resume) GRPO in `out`; return a summary of the last steps. Under torchrun each rank updates with its
+    share of every batch (`parallel`: fsdp or ddp, bebop.dist); rank 0 samples, broadcasts each batch, and writes."""
     backend.validate(cfg)
-    if backend.name == "ray":
+    check_parallel(parallel)
+    world, device = init_world(device)
+    check_learner_ranks(cfg, world.size)
+    if backend.name == "ray" and world.is_main:
         preflight(backend.ray_address)  # before anything is written to the run directory
     check_loggers(loggers)
     out = Path(out)
@@ -194,21 +200,26 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
     sampler.check_expressible(policy)
     server = _start_vllm(policy, cfg)  # vLLM's own reason when it cannot serve the model, before any write
     try:
-        out.mkdir(parents=True, exist_ok=True)  # every input is checked: only now is anything written
-        atomic_write_json(out / CONFIG_FILE, asdict(cfg))
+        world.barrier()  # every rank has checked its inputs: only now is anything written
+        if world.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(out / CONFIG_FILE, asdict(cfg))
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        learner = _learner(policy, cfg, ckpt)
-        source = make_source(backend, cfg, sampler, policy.model, start_index=learner.data_index,
-                             policy_version=learner.trainer.policy_version, server=server)
+        learner = _learner(policy, cfg, ckpt, world, parallel)
+        view = learner.trainer.par.full_model()  # rank 0's whole model: what the rollouts sample with
+        source = make_source(backend, cfg, sampler, view, start_index=learner.data_index,
+                             policy_version=learner.trainer.policy_version, server=server) if view else None
     except BaseException:
         if server is not None:
             server.close()
         raise
-    if learner.alarm.raised and cfg.k == AUTO:
+    if source is not None and learner.alarm.raised and cfg.k == AUTO:
         source.suspend_drafting(True)
     history = _run_steps(out, cfg, learner, source, evaluator, progress=progress, loggers=loggers)
-    write_model_dir(policy.model, Path(cfg.model), out / FINAL_MODEL)
+    view = learner.trainer.par.full_model()
+    if view is not None:
+        write_model_dir(view, Path(cfg.model), out / FINAL_MODEL)
     tail = history[-5:]
     return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),
             "policy_version": learner.trainer.policy_version,
@@ -228,53 +239,86 @@ class Learner:
     data_index: int  # the next batch of the prompt stream
 
 
-def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None) -> Learner:
+def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None, world: World = World(),
+             parallel: str = "fsdp") -> Learner:
+    """The trainer over the ranks (the exact weights of a checkpoint restored before they are sharded), the
+    online head update, the drafter alarm, and where the run starts."""
     reference = frozen_reference(load_model(cfg.model, device=policy.model.device)) if cfg.kl_coef > 0 else None
+    if ckpt is not None and ckpt.state.get("masters"):  # the checkpoint's model directory holds them rounded
+        restore_master_weights(policy.model, ckpt.state["masters"])
+    if world.distributed:  # the loss never reaches the head (no online update across ranks: check_learner_ranks)
+        policy.model.requires_grad_(True)
+        for p in policy.model.head_parameters():
+            p.requires_grad_(False)
+    par = Parallel(world, parallel, policy.model, Logits(policy.model))
     trainer = PolicyTrainer(policy, cfg, reference=reference,
-                            policy_version=ckpt.state["policy_version"] if ckpt else 0)
+                            policy_version=ckpt.state["policy_version"] if ckpt else 0, par=par)
     online = make_online_mtp(policy, cfg)
     start, data_index = _restore(ckpt, trainer, online)
     saved_alarm = ckpt.state.get("drafter_alarm") if ckpt else None
     return Learner(trainer, online, DrafterAlarm(**saved_alarm) if saved_alarm else DrafterAlarm(), start, data_index)
 
 
-def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource, evaluator: Evaluator | None, *,
-               progress: bool, loggers: LoggerNames) -> list[StepMetrics]:
-    """Steps learner.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, evaluate, log, save."""
-    trainer, online, alarm = learner.trainer, learner.online, learner.alarm
-    model = trainer.policy.model
+def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
+               evaluator: Evaluator | None, *, progress: bool, loggers: LoggerNames) -> list[StepMetrics]:
+    """Steps learner.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, evaluate, log, save. Rank 0
+    holds the source (other ranks: None) and writes."""
+    world = learner.trainer.par.world
     writer = MetricsLog(out, METRICS_FILE, resume_step=learner.start, loggers=loggers, tag="rl",
-                     config=asdict(cfg))
+                        config=asdict(cfg) | {"learner": learner.trainer.par.describe()}) if world.is_main else NO_LOG
     bar = tqdm(range(learner.start, cfg.steps), initial=learner.start, total=cfg.steps,
-               desc=f"rl {cfg.prompts_name} {cfg.mode}", disable=not progress, file=sys.stderr)
+               desc=f"rl {cfg.prompts_name} {cfg.mode}", disable=not (progress and world.is_main), file=sys.stderr)
     history: list[StepMetrics] = []
     threads = torch.get_num_threads()
     if cfg.mode == "async" and cfg.train_threads:
         torch.set_num_threads(cfg.train_threads)
     try:
         for step in bar:
-            t0 = time.perf_counter()
-            fetched = source.next_batch(trainer.policy_version)
-            trained_at = trainer.policy_version
-            t1 = time.perf_counter()
-            stats = trainer.step(fetched.batch)
-            mtp = online.update(fetched.batch.rollouts) if online is not None else None
-            source.publish(model, trainer.policy_version)
-            _watch_drafter(alarm, fetched.batch.spec, source, cfg)
-            t2 = time.perf_counter()
-            m = step_metrics(step + 1, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0, alarm.raised)
-            if evaluator is not None and evaluator.due(step + 1):
-                m.eval_reward, m.eval_pass_rate = evaluator.run(trainer.policy)
-            if cfg.dump_rollouts:
-                dump_rollouts(out, step + 1, fetched.batch, trainer.policy.codec)
-            writer.write(asdict(m))
-            history.append(m)
-            bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
+            m = _step(step + 1, out, cfg, learner, source, evaluator)
+            if m is not None:
+                writer.write(asdict(m))
+                history.append(m)
+                bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(out, step + 1, model, cfg.model,
-                                _checkpoint_state(cfg, step + 1, source.next_index, trainer, online, alarm))
+                _save(out, step + 1, cfg, learner, source)
     finally:
-        source.close()
+        if source is not None:
+            source.close()
         writer.close()
         torch.set_num_threads(threads)
     return history
+
+
+def _step(step: int, out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
+          evaluator: Evaluator | None) -> StepMetrics | None:
+    """One step on every rank: rank 0 fetches and broadcasts the batch, every rank updates on its share, the
+    weights are gathered once for the sampler (FSDP), and rank 0 publishes them -> rank 0's metrics (else None)."""
+    trainer, online, alarm = learner.trainer, learner.online, learner.alarm
+    t0 = time.perf_counter()
+    fetched = trainer.par.world.broadcast(source.next_batch(trainer.policy_version) if source is not None else None)
+    trained_at = trainer.policy_version
+    t1 = time.perf_counter()
+    stats = trainer.step(fetched.batch)
+    mtp = online.update(fetched.batch.rollouts) if online is not None else None
+    view = trainer.par.full_model()  # the weight sync: gathered from the shards once per step
+    if source is None or view is None:
+        return None
+    source.publish(view, trainer.policy_version)
+    _watch_drafter(alarm, fetched.batch.spec, source, cfg)
+    t2 = time.perf_counter()
+    m = step_metrics(step, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0, alarm.raised)
+    if evaluator is not None and evaluator.due(step):
+        m.eval_reward, m.eval_pass_rate = evaluator.run(replace(trainer.policy, model=view))
+    if cfg.dump_rollouts:
+        dump_rollouts(out, step, fetched.batch, trainer.policy.codec)
+    return m
+
+
+def _save(out: Path, step: int, cfg: RLConfig, learner: Learner, source: RolloutSource | None) -> None:
+    """The checkpoint, written by rank 0 from the gathered weights and optimizer state (every rank calls)."""
+    trainer = learner.trainer
+    view, optimizer = trainer.par.full_model(), trainer.par.optimizer_state(trainer.optimizer)
+    if view is None or source is None or optimizer is None:
+        return
+    save_checkpoint(out, step, view, cfg.model, _checkpoint_state(cfg, step, source.next_index, trainer,
+                                                                  learner.online, learner.alarm, view, optimizer))

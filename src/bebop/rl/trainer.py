@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
+from bebop.dist.parallel import Logits, Parallel
+from bebop.dist.world import World
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
 from bebop.precision import train_autocast
@@ -71,12 +73,13 @@ def frozen_reference(model: CausalLM) -> CausalLM:
 
 
 def logprobs_of(model: CausalLM, batch: TrainBatch, sampling: SamplingParams, dtype: str = "float32",
-                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (log-probs (B, T-1) of ids[:, 1:], entropy (B, T-1)) under the sampler's warping; the forward
-    runs in the training precision `dtype` (bebop.precision), the log-softmax on model.logits' float32.
-    The entropy carries gradient only with `entropy_grad` (see token_logprobs)."""
+                entropy_grad: bool = False, forward: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (log-probs (B, T-1) of ids[:, 1:], entropy (B, T-1)) under the sampler's warping; the forward (`forward`:
+    the learner's wrapped Logits; default the model's own) runs in the training precision `dtype`
+    (bebop.precision), the log-softmax on model.logits' float32. The entropy carries gradient only with
+    `entropy_grad` (see token_logprobs)."""
     with train_autocast(model.device, dtype):
-        logits = model.logits(model(batch.ids))  # (B, T, V) float32
+        logits = (forward or Logits(model))(batch.ids)  # (B, T, V) float32
     return token_logprobs(logits[:, :-1], batch.ids[:, 1:], sampling, entropy_grad)
 
 
@@ -106,9 +109,12 @@ class Update:
 
 class PolicyTrainer:
     def __init__(self, policy: Policy, cfg: RLConfig, *, reference: CausalLM | None = None,
-                 policy_version: int = 0) -> None:
-        """`reference`: the frozen starting policy, required when cfg.kl_coef > 0 (see frozen_reference)."""
+                 policy_version: int = 0, par: Parallel | None = None) -> None:
+        """`reference`: the frozen starting policy, required when cfg.kl_coef > 0 (see frozen_reference). `par`:
+        the training forward over the ranks (bebop.dist; built before the trainer: the optimizer holds its
+        parameters); default one process."""
         self.policy, self.cfg = policy, cfg
+        self.par = par or Parallel(World(), "fsdp", policy.model, Logits(policy.model))
         self.params = policy.model.trunk_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
         if cfg.kl_coef > 0 and reference is None:
@@ -118,29 +124,41 @@ class PolicyTrainer:
         self.sampling = cfg.sampling
 
     def step(self, rollouts: RolloutBatch) -> TrainStats:
-        cfg, model = self.cfg, self.policy.model
+        """One update on the batch; with several ranks each takes its share of every mini-batch (equal shares:
+        the config's check), the loss normalised by the whole mini-batch's tokens."""
+        cfg, model, world = self.cfg, self.policy.model, self.par.world
         batch = to_train_batch(rollouts, self.policy.pad_id).to(model.device)
         model.train()
         if cfg.ppo_epochs == 1 and cfg.mini_batches == 1:  # one step: "old" is this forward, detached
-            updates = [self._update(batch, None)]
-            entropy_sum = updates[0].entropy_sum
+            mine = batch.rows(self._mine(torch.arange(batch.ids.shape[0], device=model.device))) \
+                if world.distributed else batch
+            updates = [self._update(mine, None, _tokens(batch))]
+            entropy_sum = world.sum([updates[0].entropy_sum])[0]
         else:
-            old, entropy_sum = self._anchor(batch)  # (B, T-1): the anchor of every step
+            old, entropy_sum = self._anchor(batch)  # (B, T-1): the anchor of every step (every rank: all rows)
             generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.policy_version)
-            updates = [self._update(batch.rows(rows.to(model.device)), old[rows])
-                       for _ in range(cfg.ppo_epochs)
-                       for rows in mini_batch_rows(batch.ids.shape[0], cfg.mini_batches, generator)]
+            splits = [rows.to(model.device) for _ in range(cfg.ppo_epochs)
+                      for rows in mini_batch_rows(batch.ids.shape[0], cfg.mini_batches, generator)]
+            updates = [self._update(batch.rows(self._mine(rows)), old[self._mine(rows)], _tokens(batch.rows(rows)))
+                       for rows in splits]
         self.policy_version += 1
-        return _summarise(updates, entropy_sum / max(1, int(batch.mask.sum())))
+        return _summarise(updates, entropy_sum / max(1, int(batch.mask.sum())), world)
+
+    def _mine(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of `rows` (interleaved; all of them for one process)."""
+        world = self.par.world
+        return rows[world.rank:: world.size] if world.distributed else rows
 
     def _logprobs(self, model: CausalLM, part: TrainBatch, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        return logprobs_of(model, part, self.sampling, self.cfg.dtype, entropy_grad)
+        forward = self.par.forward if model is self.policy.model else None  # the reference: its own forward
+        return logprobs_of(model, part, self.sampling, self.cfg.dtype, entropy_grad, forward)
 
     def _micro_forwards(self, batch: TrainBatch, entropy_grad: bool = False
                         ) -> Iterator[tuple[torch.Tensor, TrainBatch, torch.Tensor, torch.Tensor]]:
         """Each micro-batch of `batch`: its rows, those rows trimmed, and their log-probs and entropy (b, w)
-        (the entropy with gradient when `entropy_grad`: the loss's entropy bonus)."""
-        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size):
+        (the entropy with gradient when `entropy_grad`: the loss's entropy bonus). Each is yielded inside the
+        learner's gradient-sync context (reduced across ranks after the last micro-batch's backward)."""
+        for _, rows in self.par.chunks(micro_batch_rows(batch, self.cfg.micro_batch_size)):
             part = batch.rows(rows).trimmed()
             yield (rows, part, *self._logprobs(self.policy.model, part, entropy_grad))
 
@@ -154,14 +172,14 @@ class PolicyTrainer:
                 entropy_sum += float((entropy * part.mask).sum())
         return old, entropy_sum
 
-    def _update(self, batch: TrainBatch, old: torch.Tensor | None) -> Update:
-        """One optimizer step on `batch`, a micro-batch at a time with gradients accumulated: each
-        micro-batch's token mean weighted by its share of the tokens, so the step's gradient is that of the
-        whole batch's token mean. `old` (B, T-1): the anchor log-probs, or None: this forward's, detached."""
-        total = max(1, int(batch.mask.sum()))
+    def _update(self, batch: TrainBatch, old: torch.Tensor | None, total: int) -> Update:
+        """One optimizer step on `batch` (this rank's share), a micro-batch at a time with gradients accumulated:
+        each micro-batch's token mean weighted by its share of the `total` tokens of the whole mini-batch (every
+        rank's), so the step's gradient is that of the whole batch's token mean. `old` (B, T-1): the anchor
+        log-probs, or None: this forward's, detached."""
         self.optimizer.zero_grad(set_to_none=True)
         outs, entropy_sum = [], 0.0
-        cfg = self.cfg
+        cfg, par = self.cfg, self.par
         for rows, part, logprobs, entropy in self._micro_forwards(batch, entropy_grad=cfg.entropy_coef > 0):
             anchor = logprobs.detach() if old is None else old[rows][:, : logprobs.shape[1]]
             out = grpo_loss(GRPOLossInputs(logprobs, anchor, part.sampler_logprobs, part.advantages, part.mask,
@@ -169,13 +187,13 @@ class PolicyTrainer:
                                            entropy=entropy if cfg.entropy_coef else None),
                             clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, is_cap=cfg.is_cap,
                             clip_eps_high=cfg.clip_eps_high, entropy_coef=cfg.entropy_coef)
-            (out.loss * (out.num_tokens / total)).backward()
+            (out.loss * (out.num_tokens / total * par.loss_scale)).backward()
             outs.append(out)
             entropy_sum += float((entropy.detach() * part.mask).sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        grad_norm = par.clip_grad_norm(self.params, cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return Update(outs, float(grad_norm), entropy_sum)
+        return Update(outs, grad_norm, entropy_sum)
 
     def _reference_logprobs(self, part: TrainBatch) -> torch.Tensor | None:
         if self.reference is None:
@@ -184,13 +202,19 @@ class PolicyTrainer:
             return self._logprobs(self.reference, part)[0]
 
 
-def _summarise(updates: list[Update], train_entropy: float) -> TrainStats:
-    """Token-weighted means of the loss terms over an update's optimizer steps and their micro-batches."""
+def _tokens(batch: TrainBatch) -> int:
+    return max(1, int(batch.mask.sum()))
+
+
+TERMS = ("loss", "pg_loss", "kl", "clip_frac", "is_weight_mean", "is_truncated_frac", "sampler_kl")
+
+
+def _summarise(updates: list[Update], train_entropy: float, world: World = World()) -> TrainStats:
+    """Token-weighted means of the loss terms over an update's optimizer steps, their micro-batches and the ranks."""
     outs = [o for u in updates for o in u.outs]
-    tokens = sum(o.num_tokens for o in outs) or 1
-    mean = lambda get: sum(get(o) * o.num_tokens for o in outs) / tokens  # noqa: E731
-    return TrainStats(loss=mean(lambda o: o.loss.item()), pg_loss=mean(lambda o: o.pg_loss), kl=mean(lambda o: o.kl),
-                      clip_frac=mean(lambda o: o.clip_frac), is_weight_mean=mean(lambda o: o.is_weight_mean),
-                      is_truncated_frac=mean(lambda o: o.is_truncated_frac), sampler_kl=mean(lambda o: o.sampler_kl),
-                      train_entropy=train_entropy,
+    value = lambda o, term: o.loss.item() if term == "loss" else getattr(o, term)  # noqa: E731
+    *sums, tokens = world.sum([*(sum(value(o, t) * o.num_tokens for o in outs) for t in TERMS),
+                               sum(o.num_tokens for o in outs)])
+    means = {t: s / (tokens or 1) for t, s in zip(TERMS, sums, strict=True)}
+    return TrainStats(**means, train_entropy=train_entropy,
                       grad_norm=sum(u.grad_norm for u in updates) / len(updates), optimizer_steps=len(updates))
