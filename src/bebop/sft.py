@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from bebop.chat import parse_template_kwargs
 from bebop.dist.parallel import Logits, Parallel, check_parallel
-from bebop.dist.world import World, init_world
+from bebop.dist.world import World, init_world, peak_memory_mb
 from bebop.embedded import init_model_dir
 from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
@@ -295,7 +295,8 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
     log.close()
     metrics = {"config": asdict(cfg), "learner": par.describe(), "final_loss": sum(history[-20:]) / max(1, len(history[-20:])),
                "steps": cfg.steps, "train_seconds_this_run": round(time.perf_counter() - t0, 1),
-               "num_parameters": num_parameters}
+               "num_parameters": num_parameters,
+               "peak_memory_mb": [round(m, 1) for m in world.gather(peak_memory_mb(device))]}  # per rank
     if world.is_main:
         atomic_write_json(out / META_FILE, metrics)
     return metrics

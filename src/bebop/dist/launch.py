@@ -11,6 +11,7 @@ relaunched: the command runs as the rank it is.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -54,6 +55,7 @@ def relaunch(nproc: int, argv: Sequence[str]) -> int:
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # a failure is reported in one line
     threads = os.environ.get("OMP_NUM_THREADS")  # each rank takes its share of the cores
     os.environ["OMP_NUM_THREADS"] = threads or str(max(1, (os.cpu_count() or 1) // nproc))
     try:

@@ -60,6 +60,12 @@ class World:
         dist.all_reduce(t)
         return t.tolist()
 
+    def gather(self, value: float) -> list[float]:
+        """Every rank's `value`, in rank order, on every rank."""
+        slots = [0.0] * self.size
+        slots[self.rank] = value
+        return self.sum(slots)
+
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank (pickled: small things, a batch of rollouts)."""
         if not self.distributed:
@@ -75,6 +81,18 @@ class World:
             import torch.distributed as dist
 
             dist.barrier()
+
+
+def peak_memory_mb(device: str | torch.device) -> float:
+    """This process's peak memory so far: the GPU's allocated peak on CUDA, else the peak resident set (Linux and
+    macOS report ru_maxrss in KiB and bytes)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def env_world() -> World:

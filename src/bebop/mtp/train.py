@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from bebop.chat import parse_template_kwargs
 from bebop.dist.parallel import Parallel, check_parallel
-from bebop.dist.world import World, init_world
+from bebop.dist.world import World, init_world, peak_memory_mb
 from bebop.encoding import env_token_mask
 from bebop.errors import BebopError
 from bebop.fields import opt
@@ -406,7 +406,9 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     t0 = time.perf_counter()
     step = _train_loop(run, data, held, rng, watch, log, start, progress)
     log.close()
-    return _summary(cfg, out, step, watch, log.last, time.perf_counter() - t0)
+    peaks = [round(m, 1) for m in world.gather(peak_memory_mb(device))]
+    return _summary(cfg, out, step, watch, log.last, time.perf_counter() - t0) | {"learner": run.par.describe(),
+                                                                                "peak_memory_mb": peaks}
 
 
 def _restore(run: _Run, rng: random.Random, state: dict) -> tuple[int, Patience]:
