@@ -118,6 +118,16 @@ def test_three_rl_steps_on_two_ranks_are_the_one_process_steps(headed, tmp_path,
         assert b["train_entropy"] == pytest.approx(a["train_entropy"], abs=1e-5) and a["grad_norm"] > 0
 
 
+@pytest.mark.slow
+def test_rl_on_ray_with_two_learner_ranks_is_the_one_process_run(headed, tmp_path):
+    """--backend ray: rank 0 drives the Ray rollout actors, both ranks update (a local Ray is started per run)."""
+    pytest.importorskip("ray")
+    argv = ("rl", "--model", str(headed), *RL, "--backend", "ray", "--max-staleness", "0")
+    ok(bebop(*argv, "--out", str(tmp_path / "one"), timeout=600))
+    ok(bebop(*argv, "--out", str(tmp_path / "two"), "--nproc", "2", timeout=600))
+    assert_close(weights(tmp_path / "one" / "model"), weights(tmp_path / "two" / "model"))
+
+
 def _rank_pids(launcher: int, rank: int) -> list[int]:
     """The processes started by `launcher` that run as `rank` (Linux /proc)."""
     found = []
