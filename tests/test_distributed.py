@@ -189,3 +189,20 @@ def test_bad_learner_requests_are_refused_before_any_rank_starts(argv, message, 
     assert main([*argv, "--out", str(out), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and not out.exists()
+
+
+def test_optimizer_state_keys_round_trip_and_a_foreign_state_is_refused():
+    """torch.distributed.checkpoint keys the optimizer state by parameter name; checkpoints keep torch.optim's
+    index keys (one process's layout), and a state of another model is refused in one line."""
+    from bebop.dist.parallel import _by_index, _by_name
+    from bebop.errors import BebopError
+
+    names = [["a.weight", "a.bias"], ["b.weight"]]
+    named = {"state": {"a.weight": {"step": 1}, "b.weight": {"step": 2}},
+             "param_groups": [{"lr": 1.0, "params": names[0]}, {"lr": 2.0, "params": names[1]}]}
+    indexed = _by_index(named)
+    assert indexed["state"] == {0: {"step": 1}, 2: {"step": 2}}
+    assert [g["params"] for g in indexed["param_groups"]] == [[0, 1], [2]]
+    assert _by_name(indexed, names) == named
+    with pytest.raises(BebopError, match="does not match this model"):
+        _by_name(indexed, [["a.weight"], ["b.weight"]])

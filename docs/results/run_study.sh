@@ -6,20 +6,22 @@
 #   1. the policies (docs/results/policies.md): math, code and pick (many correct answers, ~1 nat per token)
 #   2. the demo: the loss table, the entropy law per temperature and per token, the draft-vs-target
 #      diagnostics, GRPO with and without speculation and with online ce (docs/example-report)
-#   3. the decisive loss study (issue 27, docs/results/loss-study.md): heads trained to convergence per
-#      cell of temperature x head size, 5 seeds, exact expected acceptance with paired intervals to ce
+#   3. the decisive loss study (issue 27, docs/results/loss-study.md) on pick: heads trained to convergence,
+#      5 seeds, exact expected acceptance with paired intervals to ce; the head-size axis (full, quarter) at
+#      T=1, then the temperature axis (0.7, 1.0, 1.3) with the quarter head
 #   4. online MTP strategies over 40 RL steps (docs/results/online-mtp.md)
 #   5. the entropy law across RL steps (issue 27): GRPO on pick with an entropy bonus that moves the
 #      policy's entropy, per rule and head (TO + ce, RS + ce, RS + e2e_tv), frozen heads
 #
 # Stage times on 2 CPU cores (2026-12-01): the pick policy 10 minutes; a converged head with its measures
-# 1-3 minutes, so one cell of 3 losses x 5 seeds 25-45 minutes; an RL run of stage 5 about 6 minutes.
+# 2-3.5 minutes, so one cell of 2 losses x 5 seeds 25-35 minutes (the four cells about 2 hours); an RL run
+# of stage 5 about 2 minutes.
 # STAGES="1 3 5" runs a subset; CELLS_T and CELLS_HEAD narrow the study's axes (defaults: all of them).
 set -euo pipefail
 B=${BEBOP:-bebop}
 STAGES=${STAGES:-"1 2 3 4 5"}
 CELLS_T=${CELLS_T:-"0.7,1.0,1.3"}
-CELLS_HEAD=${CELLS_HEAD:-"full,half"}
+CELLS_HEAD=${CELLS_HEAD:-"full,quarter"}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 resume_flag() { [ -f "$1/config.json" ] && echo --resume || true; }
 
@@ -30,15 +32,14 @@ if has 1; then
 fi
 has 2 && $B demo --out runs/demo-v2 --policy runs/policies/math
 if has 3; then
-  $B mtp study --model runs/policies/pick --task pick --out runs/study27-pick --losses ce,tv,e2e_tv \
-      --temperatures "$CELLS_T" --head-sizes "$CELLS_HEAD" --seeds 0,1,2,3,4 --steps 400 --eval-every 25 \
-      --patience 4 --held-out 48 --num-samples 512 --n 64 --k 3 --depths 5 --ce-warmup 0.25
-  $B mtp study --model runs/policies/math --task math --out runs/study27-math --losses ce,e2e_tv \
-      --temperatures 1.0 --head-sizes "$CELLS_HEAD" --seeds 0,1,2,3,4 --steps 400 --eval-every 25 \
-      --patience 4 --held-out 48 --num-samples 512 --n 64 --k 3 --depths 5 --ce-warmup 0.25
+  study() { $B mtp study --model runs/policies/pick --task pick --out runs/study27-pick --losses ce,e2e_tv \
+      --seeds 0,1,2,3,4 --steps 400 --eval-every 25 --patience 4 --held-out 48 --num-samples 512 --n 64 --k 3 \
+      --depths 5 --ce-warmup 0.25 "$@"; }
+  study --temperatures 1.0 --head-sizes "$CELLS_HEAD"   # the head-size axis at T=1
   cp runs/study27-pick/loss_table.json docs/results/loss-pick-converged.json
-  cp runs/study27-math/loss_table.json docs/results/loss-math-converged.json
-  $B report docs/results/loss-pick-converged.json docs/results/loss-math-converged.json
+  study --temperatures "$CELLS_T" --head-sizes quarter  # the temperature axis where the losses differ (T=1 reused)
+  cp runs/study27-pick/loss_table.json docs/results/loss-pick-temperature.json
+  $B report docs/results/loss-pick-converged.json docs/results/loss-pick-temperature.json
 fi
 if has 4; then
   for u in none ce tv e2e_tv; do

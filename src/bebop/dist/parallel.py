@@ -106,8 +106,8 @@ class Parallel:
             return self.model if self.world.is_main else None
         if state is None:
             return None
-        if self._full is None:
-            self._full = CausalLM.from_state_dict(self.model.config, {k: v.clone() for k, v in state.items()})
+        if self._full is None:  # on the rank's device: rank 0 samples with it
+            self._full = CausalLM.from_state_dict(self.model.config, state).to(self.model.device)
             self._full.stored = self.model.stored
         else:
             self._full.load_state_dict(state)

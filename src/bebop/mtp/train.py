@@ -294,6 +294,7 @@ class _Run:
     params: list[torch.nn.Parameter]
     cfg: MTPTrainConfig
     out: Path
+    train_peak: float = 0.0  # this rank's peak memory (MB) over the training steps
 
     @property
     def world(self) -> World:
@@ -324,6 +325,7 @@ def _train_step(run: _Run, batch: ChainBatch, step: int) -> tuple[DraftLossOutpu
     (result.loss * (share * run.par.loss_scale)).backward()
     run.par.clip_grad_norm(run.params, cfg.grad_clip)
     run.opt.step()
+    run.train_peak = peak_memory_mb(run.policy.model.device)  # before a save gathers the state on rank 0
     return result, metrics
 
 
@@ -406,7 +408,7 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     t0 = time.perf_counter()
     step = _train_loop(run, data, held, rng, watch, log, start, progress)
     log.close()
-    peaks = [round(m, 1) for m in world.gather(peak_memory_mb(device))]
+    peaks = [round(m, 1) for m in world.gather(run.train_peak)]
     return _summary(cfg, out, step, watch, log.last, time.perf_counter() - t0) | {"learner": run.par.describe(),
                                                                                 "peak_memory_mb": peaks}
 
