@@ -1,13 +1,15 @@
 """Peak memory per learner rank: one process against 2 ranks with FSDP2 and with DDP (issue 28).
 
     python benchmarks/learner_memory.py [--command sft|mtp] [--steps 4] [--hidden 512] [--layers 8] [--vocab 32768]
+                                        [--micro-batch-size 4]
 
 Builds a model larger than the embedded default (hidden 512, 8 layers, a 32k vocabulary by default: about 30M
 parameters with the embedding tied to the LM head), then trains it for --steps steps with `bebop sft` (every
 parameter trained) or `bebop mtp train` (the trunk frozen, the head trained) as 1 process, 2 ranks
 `--parallel fsdp` and 2 ranks `--parallel ddp`, the same batches in each. Each rank reports its own peak memory
 (the resident set's peak on the CPU, the allocator's on a GPU: bebop.dist.world.peak_memory_mb) and the run
-its training seconds. Prints one JSON line per run and a markdown table.
+its training seconds, and what it holds of the training state (weights, gradients, AdamW moments: exact tensor
+bytes, bebop.dist.parallel.Parallel.state_mb). Prints one JSON line per run and a markdown table.
 
 What bounds the numbers: a CPU rank's peak resident set counts everything the process ever held (torch itself,
 about 300 MB, the data, the gathered checkpoint on rank 0), not only parameters, gradients and AdamW state.
@@ -23,7 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bebop.embedded import init_model_dir
+from bebop.embedded import build_char_tokenizer, codec_from_tokenizer, default_config, save_tokenizer
+from bebop.model.checkpoint import build_model, save_model
 
 from common import machine
 
@@ -31,9 +34,14 @@ RUNS = (("1 process", 1, "fsdp"), ("2 ranks fsdp", 2, "fsdp"), ("2 ranks ddp", 2
 
 
 def build(tmp: Path, args: argparse.Namespace) -> Path:
-    model = init_model_dir(tmp / "model", seed=0, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-                           num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
-                           head_dim=args.hidden // 8, vocab_size=args.vocab, max_position_embeddings=512)
+    model = tmp / "model"
+    tok = build_char_tokenizer()  # the embedded default's tokenizer; the vocabulary padded to --vocab rows
+    codec = codec_from_tokenizer(tok)
+    cfg = default_config(args.vocab, codec.eos_id, codec.pad_id, hidden_size=args.hidden,
+                         intermediate_size=3 * args.hidden, num_hidden_layers=args.layers, num_attention_heads=8,
+                         num_key_value_heads=4, head_dim=args.hidden // 8, max_position_embeddings=512)
+    save_model(build_model(cfg, seed=0), model)
+    save_tokenizer(tok, model)
     if args.command == "mtp":
         bebop(["mtp", "init", "--model", str(model)])
     return model
@@ -51,7 +59,7 @@ def train(model: Path, out: Path, nproc: int, parallel: str, args: argparse.Name
     common = ["--steps", str(args.steps), "--batch-size", "8", "--device", "cpu", "--nproc", str(nproc),
               "--parallel", parallel, "--save-every", str(args.steps)]
     if args.command == "sft":
-        argv = ["sft", "--model", str(model), "--task", "math", "--out", str(out), "--micro-batch-size", "4",
+        argv = ["sft", "--model", str(model), "--task", "math", "--out", str(out), "--micro-batch-size", str(args.micro_batch_size),
                 "--warmup", "1", *common]
     else:
         argv = ["mtp", "train", "--model", str(model), "--out", str(out), "--task", "math", "--num-samples", "16",
@@ -66,6 +74,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--micro-batch-size", type=int, default=4, help="sft: rows per forward (1: the state dominates)")
     args = p.parse_args()
     print(f"# {machine()}", file=sys.stderr)
     rows = []
@@ -76,14 +85,17 @@ def main() -> None:
         for name, nproc, parallel in RUNS:
             result = train(model, Path(tmp) / name.replace(" ", "-"), nproc, parallel, args)
             row = {"run": name, "command": args.command, "peak_memory_mb": result["peak_memory_mb"],
+                   "state_mb": result["state_mb"],
                    "train_seconds": result["train_seconds_this_run"], "learner": result["learner"]}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print(f"\n| {args.command}, hidden {args.hidden}, {args.layers} layers, V {args.vocab} | peak MB per rank | "
-          "train s |\n|---|---|---|")
+    print(f"\n| {args.command}, hidden {args.hidden}, {args.layers} layers, V {args.vocab}, micro-batch "
+          f"{args.micro_batch_size} | peak MB per rank | training state MB per rank | "
+          "train s |\n|---|---|---|---|")
     for row in rows:
         peaks = " / ".join(f"{m:.0f}" for m in row["peak_memory_mb"])
-        print(f"| {row['run']} | {peaks} | {row['train_seconds']} |")
+        state = " / ".join(f"{m:.0f}" for m in row["state_mb"])
+        print(f"| {row['run']} | {peaks} | {state} | {row['train_seconds']} |")
 
 
 if __name__ == "__main__":

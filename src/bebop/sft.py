@@ -274,7 +274,7 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
                      config=config) if world.is_main else NO_LOG
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"sft {task.name}",
                disable=not (progress and world.is_main), file=sys.stderr)
-    t0, train_peak = time.perf_counter(), 0.0
+    t0, train_peak, state_mb = time.perf_counter(), 0.0, 0.0
     for step in bar:
         chunks = sample_batch(task, pool, rng, policy.codec, cfg.batch_size, policy.pad_id,
                               policy.model.config.max_position_embeddings, cfg.micro_batch_size, world)
@@ -284,7 +284,7 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
         loss = backward_step_loss(policy, chunks, cfg.dtype, par)
         par.clip_grad_norm(list(par.forward.parameters()), 1.0)
         opt.step()
-        train_peak = peak_memory_mb(device)  # before this step's save gathers the state on rank 0
+        train_peak, state_mb = peak_memory_mb(device), par.state_mb(opt)  # before a save gathers on rank 0
         history.append(round(loss, 4))
         record = {"step": step + 1, "loss": history[-1], "lr": lr_at(step, cfg)}
         if held_out is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
@@ -297,7 +297,8 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
     metrics = {"config": asdict(cfg), "learner": par.describe(), "final_loss": sum(history[-20:]) / max(1, len(history[-20:])),
                "steps": cfg.steps, "train_seconds_this_run": round(time.perf_counter() - t0, 1),
                "num_parameters": num_parameters,
-               "peak_memory_mb": [round(m, 1) for m in world.gather(train_peak)]}  # per rank, training steps
+               "peak_memory_mb": [round(m, 1) for m in world.gather(train_peak)],  # per rank, training steps
+               "state_mb": [round(m, 1) for m in world.gather(state_mb)]}  # per rank: weights, gradients, AdamW
     if world.is_main:
         atomic_write_json(out / META_FILE, metrics)
     return metrics

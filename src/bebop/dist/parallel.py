@@ -70,18 +70,20 @@ class Parallel:
         return {"world_size": self.world.size, "parallel": self.mode}
 
     def chunks(self, items: Sequence[T]) -> Iterator[tuple[bool, T]]:
-        """Each micro-batch with `last`; gradients are reduced across ranks only after the last one's backward."""
+        """Each micro-batch with `last`. DDP all-reduces only after the last one's backward (a replica holds whole
+        gradients anyway); FSDP2 reduce-scatters after every one, so that no rank ever holds more than one
+        layer's unsharded gradient (skipping the sync would keep every layer's until the last micro-batch)."""
         for i, item in enumerate(items):
             last = i == len(items) - 1
-            with self._sync(last):
+            with self.forward.no_sync() if self.mode == "ddp" and not last else contextlib.nullcontext():  # type: ignore[operator]
                 yield last, item
 
-    def _sync(self, last: bool) -> contextlib.AbstractContextManager:
-        if self.mode == "ddp" and not last:
-            return self.forward.no_sync()  # type: ignore[operator]
-        if self.mode == "fsdp":
-            self.forward.set_requires_gradient_sync(last)  # type: ignore[operator]
-        return contextlib.nullcontext()
+    def state_mb(self, optimizer: torch.optim.Optimizer) -> float:
+        """What this rank holds of the training state, in MB: its parameters (a shard under FSDP), their gradients
+        and the optimizer's state tensors."""
+        tensors = [t for p in self.forward.parameters() for t in (p, p.grad) if t is not None]
+        tensors += [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+        return sum(_local(t).numel() * t.element_size() for t in tensors) / 2**20
 
     def clip_grad_norm(self, params: Sequence[nn.Parameter], max_norm: float) -> float:
         """The global pre-clip gradient norm (over every rank's shards), after clipping to `max_norm`."""
@@ -142,6 +144,11 @@ class Parallel:
         names = _param_names(self.forward, optimizer)
         set_optimizer_state_dict(self.forward, optimizer, _by_name(state, names),
                                  options=StateDictOptions(full_state_dict=True))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)  # a DTensor: this rank's shard
+    return to_local() if to_local is not None else t
 
 
 def _wrap(mode: str, model: CausalLM, forward: nn.Module) -> nn.Module:

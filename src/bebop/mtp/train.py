@@ -295,6 +295,7 @@ class _Run:
     cfg: MTPTrainConfig
     out: Path
     train_peak: float = 0.0  # this rank's peak memory (MB) over the training steps
+    state_mb: float = 0.0  # what it holds of weights (trunk included), gradients and AdamW state
 
     @property
     def world(self) -> World:
@@ -326,6 +327,7 @@ def _train_step(run: _Run, batch: ChainBatch, step: int) -> tuple[DraftLossOutpu
     run.par.clip_grad_norm(run.params, cfg.grad_clip)
     run.opt.step()
     run.train_peak = peak_memory_mb(run.policy.model.device)  # before a save gathers the state on rank 0
+    run.state_mb = run.par.state_mb(run.opt)
     return result, metrics
 
 
@@ -408,9 +410,10 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     t0 = time.perf_counter()
     step = _train_loop(run, data, held, rng, watch, log, start, progress)
     log.close()
-    peaks = [round(m, 1) for m in world.gather(run.train_peak)]
+    memory = {"peak_memory_mb": [round(m, 1) for m in world.gather(run.train_peak)],
+              "state_mb": [round(m, 1) for m in world.gather(run.state_mb)]}  # per rank
     return _summary(cfg, out, step, watch, log.last, time.perf_counter() - t0) | {"learner": run.par.describe(),
-                                                                                "peak_memory_mb": peaks}
+                                                                                **memory}
 
 
 def _restore(run: _Run, rng: random.Random, state: dict) -> tuple[int, Patience]:
