@@ -59,8 +59,8 @@ def train(model: Path, out: Path, nproc: int, parallel: str, args: argparse.Name
     common = ["--steps", str(args.steps), "--batch-size", "8", "--device", "cpu", "--nproc", str(nproc),
               "--parallel", parallel, "--save-every", str(args.steps)]
     if args.command == "sft":
-        argv = ["sft", "--model", str(model), "--task", "math", "--out", str(out), "--micro-batch-size", str(args.micro_batch_size),
-                "--warmup", "1", *common]
+        argv = ["sft", "--model", str(model), "--task", "math", "--out", str(out),
+                "--micro-batch-size", str(args.micro_batch_size), "--warmup", "1", *common]
     else:
         argv = ["mtp", "train", "--model", str(model), "--out", str(out), "--task", "math", "--num-samples", "16",
                 "--max-new-tokens", "64", "--depths", "3", *common]

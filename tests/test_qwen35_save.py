@@ -102,18 +102,19 @@ def test_rl_checkpoint_keeps_float32_masters_when_its_directory_rounds(bf16_shar
 
     from bebop.rl import RLConfig
     from bebop.rl.drafter_alarm import DrafterAlarm
-    from bebop.rl.loop import _checkpoint_state, _restore
+    from bebop.rl.loop import _checkpoint_state, restore_masters
 
     model = load_model(bf16_sharded)
     trainer = SimpleNamespace(policy=SimpleNamespace(model=model), policy_version=3,
-                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-    state = _checkpoint_state(RLConfig(model=str(bf16_sharded)), 3, 7, trainer, None, DrafterAlarm())
+                              par=SimpleNamespace(describe=lambda: {"world_size": 1, "parallel": "none"}))
+    state = _checkpoint_state(RLConfig(model=str(bf16_sharded)), 3, 7, trainer, None, DrafterAlarm(), model, {})
     exact = {name: p.detach().clone() for name, p in model.named_parameters()}
     assert state["masters"].keys() == exact.keys()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).float() + 1.0)  # what reloading the rounded directory and training on gives
-    _restore(SimpleNamespace(state=state), trainer, None)
+    restore_masters(model, SimpleNamespace(state=state))
     assert all(torch.equal(p, exact[name]) for name, p in model.named_parameters())
     model.config = type(model.config).from_dict({**model.config.to_dict(), "dtype": "float32"})
-    assert _checkpoint_state(RLConfig(model=str(bf16_sharded)), 3, 7, trainer, None, DrafterAlarm())["masters"] is None
+    assert _checkpoint_state(RLConfig(model=str(bf16_sharded)), 3, 7, trainer, None, DrafterAlarm(), model,
+                             {})["masters"] is None

@@ -239,13 +239,18 @@ class Learner:
     data_index: int  # the next batch of the prompt stream
 
 
+def restore_masters(model: CausalLM, ckpt: Checkpoint | None) -> None:
+    """The checkpoint's exact weights, where its model directory holds them rounded to its dtype (before sharding)."""
+    if ckpt is not None and ckpt.state.get("masters"):
+        restore_master_weights(model, ckpt.state["masters"])
+
+
 def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None, world: World = World(),
              parallel: str = "fsdp") -> Learner:
     """The trainer over the ranks (the exact weights of a checkpoint restored before they are sharded), the
     online head update, the drafter alarm, and where the run starts."""
     reference = frozen_reference(load_model(cfg.model, device=policy.model.device)) if cfg.kl_coef > 0 else None
-    if ckpt is not None and ckpt.state.get("masters"):  # the checkpoint's model directory holds them rounded
-        restore_master_weights(policy.model, ckpt.state["masters"])
+    restore_masters(policy.model, ckpt)
     if world.distributed:  # the loss never reaches the head (no online update across ranks: check_learner_ranks)
         policy.model.requires_grad_(True)
         for p in policy.model.head_parameters():
