@@ -11,7 +11,7 @@ import torch
 
 from bebop.commands.config_flags import add_config_flags, config_values
 from bebop.commands.flags import VLLM_PYTHON_HELP, add_learner_args, add_log_args, check_at_least_one
-from bebop.dist.world import World
+from bebop.dist.world import World, env_world
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
 from bebop.policy import load_policy
@@ -186,7 +186,7 @@ def run_train(args: argparse.Namespace) -> None:
     cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
     summary = train_mtp(args.model, cfg, out=args.out, resume=args.resume, loggers=args.log or (),
                         device=args.device, vllm_python=args.vllm_python or None, parallel=args.parallel)
-    if World.from_env().is_main:
+    if env_world().is_main:
         print(json.dumps(summary))
 
 

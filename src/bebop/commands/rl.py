@@ -10,7 +10,7 @@ import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
 from bebop.commands.flags import add_learner_args, add_log_args
-from bebop.dist.world import World
+from bebop.dist.world import env_world
 from bebop.rl.config import BACKENDS, Backend, RLConfig, check_learner_ranks
 
 REQUIRED = ("model", "steps")  # and --task or --data
@@ -52,5 +52,5 @@ def run(args: argparse.Namespace) -> None:
     summary = train_rl(args.out, _config(args), resume=args.resume, progress=not args.no_progress,
                        loggers=args.log or (), device=args.device,
                        backend=Backend(args.backend, args.rollout_workers, args.ray_address), parallel=args.parallel)
-    if World.from_env().is_main:
+    if env_world().is_main:
         print(json.dumps(summary))

@@ -9,7 +9,7 @@ import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
 from bebop.commands.flags import add_learner_args, add_log_args
-from bebop.dist.world import World
+from bebop.dist.world import World, env_world
 from bebop.sft import DEFAULT_STEPS, SFTConfig, train_sft
 
 
@@ -40,5 +40,5 @@ def check_ranks(args: argparse.Namespace, nproc: int) -> None:
 def run(args: argparse.Namespace) -> None:
     metrics = train_sft(args.out, _config(args), resume=args.resume, loggers=args.log or (),
                         device=args.device, parallel=args.parallel)
-    if World.from_env().is_main:
+    if env_world().is_main:
         print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))

@@ -2,12 +2,12 @@
 
     world = init_world(device)                      # world.py: rank, size, device; gloo on CPU, NCCL on GPUs
     par = Parallel(world, "fsdp", model, Logits(model))   # parallel.py: DDP or FSDP2 (fully_shard)
-    with par.accumulating(last): (loss * par.loss_scale).backward()
+    for last, chunk in par.chunks(chunks): (loss * par.loss_scale).backward()   # DDP syncs after the last
 
 Launch: `--nproc N` on sft, mtp train and rl re-runs the command as N ranks (launch.py: torch's elastic
 launcher, the engine behind torchrun), or `torchrun --nproc-per-node N -m bebop ...` directly.
 """
 
-from bebop.dist.world import World, current_world
+from bebop.dist.world import World, env_world, init_world
 
-__all__ = ["World", "current_world"]
+__all__ = ["World", "env_world", "init_world"]

@@ -1,7 +1,7 @@
 """Data-parallel training on PyTorch's own engines: FSDP2 (`fully_shard`) or DDP, one process per rank.
 
     par = Parallel(world, "fsdp", model, Logits(model))   # wraps; build the optimizer on par's parameters after
-    for last, chunk in par.chunks(chunks):                   # gradients reduced on the last micro-batch only
+    for last, chunk in par.chunks(chunks):                   # DDP all-reduces after the last; FSDP2 after each
         (par.forward(ids) ... * par.loss_scale).backward()
     norm = par.clip_grad_norm(params, 1.0)
     full = par.full_model()     # rank 0: the whole model (saves, rollouts, evaluation); None elsewhere
@@ -91,22 +91,15 @@ class Parallel:
         full = getattr(norm, "full_tensor", None)  # a DTensor under FSDP2
         return float(full() if full is not None else norm)
 
-    def full_state(self) -> dict[str, torch.Tensor] | None:
-        """The model's state dict, whole, on rank 0 (None elsewhere); a collective under FSDP."""
-        if self.mode != "fsdp":
-            return self.model.state_dict() if self.world.is_main else None
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state: Any = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state if self.world.is_main else None
-
     def full_model(self) -> CausalLM | None:
         """Rank 0: the whole model at the current weights (the model itself, or under FSDP a copy refreshed from
         the gathered shards); None on other ranks. Every rank must call it (FSDP gathers)."""
-        state = self.full_state()
         if self.mode != "fsdp":
             return self.model if self.world.is_main else None
-        if state is None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state: Any = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not self.world.is_main:
             return None
         if self._full is None:  # on the rank's device: rank 0 samples with it
             self._full = CausalLM.from_state_dict(self.model.config, state).to(self.model.device)

@@ -37,11 +37,6 @@ class World:
     def distributed(self) -> bool:
         return self.size > 1
 
-    @classmethod
-    def from_env(cls) -> World:
-        """The world torchrun (or launch.py) describes in the environment; one rank without it."""
-        return env_world()
-
     def share(self, items: Sequence[T]) -> list[T]:
         """This rank's items, interleaved (items[rank::size]): sorted inputs give every rank the same mix."""
         return list(items[self.rank:: self.size])
@@ -101,13 +96,6 @@ def env_world() -> World:
     return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
 
 
-_WORLD: World | None = None
-
-
-def current_world() -> World:
-    return _WORLD or env_world()
-
-
 def rank_device(world: World, device: str) -> str:
     """The rank's device: `cuda` (or auto with a GPU) -> cuda:LOCAL_RANK; cpu stays cpu."""
     if device in ("auto", "cuda") and torch.cuda.is_available():
@@ -122,7 +110,6 @@ def init_world(device: str = "auto") -> tuple[World, str]:
     """Join the process group torchrun set up (gloo on the CPU, NCCL on GPUs) -> (world, this rank's device).
 
     Each CPU rank takes its share of the cores (torch's threads per process)."""
-    global _WORLD
     world = env_world()
     dev = rank_device(world, device)
     if world.distributed:
@@ -134,5 +121,4 @@ def init_world(device: str = "auto") -> tuple[World, str]:
                 torch.cuda.set_device(dev)
         if dev == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.size))
-    _WORLD = world
     return world, dev

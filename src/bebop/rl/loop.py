@@ -279,13 +279,13 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
         torch.set_num_threads(cfg.train_threads)
     try:
         for step in bar:
-            m = _step(step + 1, out, cfg, learner, source, evaluator)
+            m, view = _step(step + 1, out, cfg, learner, source, evaluator)
             if m is not None:
                 writer.write(asdict(m))
                 history.append(m)
                 bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                _save(out, step + 1, cfg, learner, source)
+                _save(out, step + 1, cfg, learner, source, view)
     finally:
         if source is not None:
             source.close()
@@ -295,9 +295,10 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
 
 
 def _step(step: int, out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
-          evaluator: Evaluator | None) -> StepMetrics | None:
+          evaluator: Evaluator | None) -> tuple[StepMetrics | None, CausalLM | None]:
     """One step on every rank: rank 0 fetches and broadcasts the batch, every rank updates on its share, the
-    weights are gathered once for the sampler (FSDP), and rank 0 publishes them -> rank 0's metrics (else None)."""
+    weights are gathered once for the sampler (FSDP), and rank 0 publishes them -> rank 0's metrics and whole
+    model (else None, None)."""
     trainer, online, alarm = learner.trainer, learner.online, learner.alarm
     t0 = time.perf_counter()
     fetched = trainer.par.world.broadcast(source.next_batch(trainer.policy_version) if source is not None else None)
@@ -307,7 +308,7 @@ def _step(step: int, out: Path, cfg: RLConfig, learner: Learner, source: Rollout
     mtp = online.update(fetched.batch.rollouts) if online is not None else None
     view = trainer.par.full_model()  # the weight sync: gathered from the shards once per step
     if source is None or view is None:
-        return None
+        return None, None
     source.publish(view, trainer.policy_version)
     _watch_drafter(alarm, fetched.batch.spec, source, cfg)
     t2 = time.perf_counter()
@@ -316,13 +317,15 @@ def _step(step: int, out: Path, cfg: RLConfig, learner: Learner, source: Rollout
         m.eval_reward, m.eval_pass_rate = evaluator.run(replace(trainer.policy, model=view))
     if cfg.dump_rollouts:
         dump_rollouts(out, step, fetched.batch, trainer.policy.codec)
-    return m
+    return m, view
 
 
-def _save(out: Path, step: int, cfg: RLConfig, learner: Learner, source: RolloutSource | None) -> None:
-    """The checkpoint, written by rank 0 from the gathered weights and optimizer state (every rank calls)."""
+def _save(out: Path, step: int, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
+          view: CausalLM | None) -> None:
+    """The checkpoint, written by rank 0 from the step's gathered weights (`view`) and the optimizer state
+    gathered now (every rank calls)."""
     trainer = learner.trainer
-    view, optimizer = trainer.par.full_model(), trainer.par.optimizer_state(trainer.optimizer)
+    optimizer = trainer.par.optimizer_state(trainer.optimizer)
     if view is None or source is None or optimizer is None:
         return
     save_checkpoint(out, step, view, cfg.model, _checkpoint_state(cfg, step, source.next_index, trainer,
