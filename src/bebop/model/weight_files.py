@@ -13,6 +13,11 @@ file first, else the index; vLLM: the files the index names, else every *.safete
   beside it holding the same tensors) and the staged names are removed. A file system without hard
   links keeps the staged names (the index names them). A single file about to become shards is first
   made a one-shard index of itself (_index_the_single_file), so no single file outranks the index.
+The folder is fsynced at each switch point (fileio.fsync_dir: every rename at once, every link or
+unlink before the rename or the return that relies on it, an unlinked index before the files it
+named go), so the order holds after a power loss too, not only by the file system's habit. Staged
+twins an earlier crash left are removed before a single file is written: a vLLM that reads every
+*.safetensors file must never see the new file beside an old twin.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from bebop.errors import BebopError
-from bebop.fileio import atomic_write, atomic_write_json
+from bebop.fileio import atomic_write, atomic_write_json, fsync_dir
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -111,8 +116,9 @@ def write_weights(state: dict[str, torch.Tensor], model_dir: str | os.PathLike,
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     shards = _split(tensors, max_shard_bytes)
     if len(shards) == 1 and not (model_dir / INDEX_FILE).is_file():
+        _remove_staged(model_dir, keep=set())  # before: the new file beside an old twin would be a mix
+        fsync_dir(model_dir)
         atomic_write(model_dir / SINGLE_FILE, partial(_save, shards[0]))
-        _remove_staged(model_dir, keep=set())
         return
     if (model_dir / SINGLE_FILE).is_file():
         _index_the_single_file(model_dir)
@@ -129,14 +135,18 @@ def write_weights(state: dict[str, torch.Tensor], model_dir: str | os.PathLike,
     for name in old - set(staged):
         (model_dir / name).unlink(missing_ok=True)
     _remove_staged(model_dir, keep=set(staged))
-    if not _link_all(model_dir, staged, names):
+    linked = _link_all(model_dir, staged, names)
+    fsync_dir(model_dir)  # the unlinks and links, before the index names the links
+    if not linked:
         return  # the staged names stay, named by the index
     if one:  # model.safetensors and its staged twin hold the same tensors: any mix of the two is one model
         (model_dir / INDEX_FILE).unlink()
+        fsync_dir(model_dir)  # the index gone before the staged twin it names
     else:
         _write_index(model_dir, names, contents, total)
     for name in staged:
         (model_dir / name).unlink()
+    fsync_dir(model_dir)
 
 
 def _index_the_single_file(model_dir: Path) -> None:
@@ -148,10 +158,13 @@ def _index_the_single_file(model_dir: Path) -> None:
         os.link(single, model_dir / twin)
     except OSError:  # no hard links here: a copy, renamed into place
         atomic_write(model_dir / twin, partial(shutil.copyfile, single))
+    else:
+        fsync_dir(model_dir)  # the twin on disk before the index names it
     with safe_open(str(single), framework="pt") as fh:
         names = list(fh.keys())
     _write_index(model_dir, [twin], [names], single.stat().st_size)
     single.unlink()
+    fsync_dir(model_dir)  # the single file gone before an index it would outrank
 
 
 def _staged_name(model_dir: Path, name: str) -> str:
