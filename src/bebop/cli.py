@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bebop import __version__
 from bebop.commands.flags import add_chat_args, add_device_args, add_sampling_args, add_spec_args
+from bebop.commands.outputs import add_out_dir, check_out_dir, holds_model, refuse_to_replace
 from bebop.errors import BebopError
 
 
@@ -41,15 +43,19 @@ def _run_generate(args: argparse.Namespace) -> None:
 
 
 def _add_init(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("init", help="write a freshly initialised embedded-default model directory")
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("init", help="write a freshly initialised embedded-default model directory (random weights: "
+                                    "`bebop sft` makes a policy worth sampling)")
+    add_out_dir(p, "the model directory to write")
+    p.add_argument("--seed", type=int, default=0, help="seeds the random weights")
+    p.add_argument("--force", action="store_true", help="replace the model --out already holds")
     p.set_defaults(func=_run_init)
 
 
 def _run_init(args: argparse.Namespace) -> None:
     from bebop.embedded import init_model_dir
 
+    if holds_model(Path(args.out)):
+        refuse_to_replace(f"--out {args.out} already holds a model", args.force)
     print(init_model_dir(args.out, seed=args.seed))
 
 
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
+        check_out_dir(args)
         if hasattr(args, "nproc"):  # a learner command: as N ranks (bebop.dist.launch)
             from bebop.dist.launch import check_nproc, relaunch, under_launcher
 

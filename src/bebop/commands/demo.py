@@ -18,7 +18,9 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/demo", help="output directory (finished stages are reused)")
+    from bebop.commands.outputs import add_out_dir
+
+    add_out_dir(p, "output directory (finished stages are reused)", required=False, default="runs/demo")
     p.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the config's, 0)")
     p.add_argument("--policy", default="", help="reuse this trained policy directory instead of training one")
     p.add_argument("--miniature", action="store_true",

@@ -11,6 +11,7 @@ import torch
 
 from bebop.commands.config_flags import add_config_flags, config_values
 from bebop.commands.flags import VLLM_PYTHON_HELP, add_learner_args, add_log_args, check_at_least_one
+from bebop.commands.outputs import add_out_dir, refuse_to_replace
 from bebop.dist.world import World, env_world
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
@@ -43,7 +44,7 @@ def _add_export(mtp_sub) -> None:
     p = mtp_sub.add_parser("export", help="write the model with its head as vLLM's or SGLang's MTP loader reads it")
     p.add_argument("--model", required=True)
     p.add_argument("--engine", required=True, choices=ENGINES)
-    p.add_argument("--out", required=True)
+    add_out_dir(p, "the model directory to write")
     p.add_argument("--k", type=int, default=3, help="drafts per step in the printed launch settings")
     p.set_defaults(func=run_export)
 
@@ -71,7 +72,7 @@ def _add_diagnose(mtp_sub) -> None:
                                       "change in acceptance into its entropy part and the mismatch remainder")
     p.add_argument("--engine-metrics", help="the engine's own counters as JSON (vLLM's spec_decode_* or SGLang's "
                                             "accept_length), compared with the acceptance the head allows")
-    p.add_argument("--out", help="directory for diagnosis.json and diagnosis.md (default: ROLLOUTS.diagnosis/)")
+    add_out_dir(p, "directory for diagnosis.json and diagnosis.md (default: ROLLOUTS.diagnosis/)", required=False)
     p.add_argument("--device", default="auto")
     p.set_defaults(func=run_diagnose)
 
@@ -112,7 +113,7 @@ def _add_study(mtp_sub) -> None:
                                          "per temperature and head size (docs/results/loss-study.md)")
     p.add_argument("--model", required=True, help="the policy (its head, if any, is ignored)")
     p.add_argument("--task", default=d.task)
-    p.add_argument("--out", required=True)
+    add_out_dir(p, "the study's directory: heads, caches, loss_table.json (finished cells are reused)")
     p.add_argument("--losses", default=",".join(d.losses), help="comma-separated, ce among them (the reference)")
     p.add_argument("--temperatures", default=",".join(map(str, d.temperatures)),
                    help="comma-separated: each trains its heads on samples at that temperature and measures there")
@@ -165,7 +166,7 @@ def _add_train(mtp_sub) -> None:
     p = mtp_sub.add_parser("train", help="train the MTP head on the policy's own samples (trunk frozen)")
     p.add_argument("--model", required=True)
     add_config_flags(p, MTPTrainConfig)
-    p.add_argument("--out", help="write the trained model here (default: into --model)")
+    add_out_dir(p, "write the trained model here (default: into --model)", required=False)
     p.add_argument("--resume", action="store_true")
     add_log_args(p, run_dir="OUT (--out, else --model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (not part of the run: resume anywhere)")
@@ -244,8 +245,8 @@ def _print_diagnostics(policy, task, temperatures: list[float], args: argparse.N
 def run_init(args: argparse.Namespace) -> None:
     src = Path(args.model)
     policy = load_policy(src, device="cpu")
-    if policy.model.mtp is not None and not args.force:
-        raise BebopError(f"{src} already has an MTP head; pass --force to replace it")
+    if policy.model.mtp is not None:
+        refuse_to_replace(f"{src} already has an MTP head", args.force)
     dst = Path(args.out) if args.out else src
     if dst != src:
         if dst.exists():

@@ -10,6 +10,7 @@ import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
 from bebop.commands.flags import add_learner_args, add_log_args
+from bebop.commands.outputs import add_out_dir
 from bebop.dist.world import env_world
 from bebop.rl.config import BACKENDS, Backend, RLConfig, check_learner_ranks
 
@@ -18,7 +19,7 @@ REQUIRED = ("model", "steps")  # and --task or --data
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rl", help="GRPO post-training with speculative rollouts (sync or async)")
-    p.add_argument("--out", required=True, help="run directory: config.json, metrics.jsonl, checkpoints, model/")
+    add_out_dir(p, "run directory: config.json, metrics.jsonl, checkpoints, model/")
     add_config_flags(p, RLConfig, required=REQUIRED)
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     add_log_args(p)

@@ -9,6 +9,7 @@ import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
 from bebop.commands.flags import add_learner_args, add_log_args
+from bebop.commands.outputs import add_out_dir
 from bebop.dist.world import World, env_world
 from bebop.sft import DEFAULT_STEPS, SFTConfig, train_sft
 
@@ -16,7 +17,7 @@ from bebop.sft import DEFAULT_STEPS, SFTConfig, train_sft
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sft", help="supervised training: a small policy from scratch on task demonstrations, "
                                    "or --model DIR on --data FILE")
-    p.add_argument("--out", required=True, help="model directory to create (or continue with --resume)")
+    add_out_dir(p, "model directory to create (or continue with --resume)")
     add_config_flags(p, SFTConfig)  # and --task or --data
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")

@@ -1,0 +1,60 @@
+"""A new user's first commands, run as they would run them: bad input gets one line `error: ...` and exit 2,
+no traceback, and what was on disk stays as it was."""
+
+import shutil
+
+import pytest
+
+from bebop.cli import main
+
+
+def _cli(capsys, *argv) -> tuple[int, list[str]]:
+    """The exit code and the stderr lines of `bebop ARGV` (argparse's own refusals exit through SystemExit)."""
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _snapshot(path) -> dict:
+    """Every file under `path` (or `path` itself): its bytes and mtime, to see that nothing was touched."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+
+
+def _refused(code: int, err: list[str]) -> str:
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.fixture()
+def model_dir(tiny_model_dir, tmp_path):
+    return shutil.copytree(tiny_model_dir, tmp_path / "m")
+
+
+@pytest.mark.parametrize("command", [["init"], ["rl", "--task", "math", "--steps", "1", "--model", "MODEL"],
+                                     ["sft", "--task", "math", "--steps", "1"]])
+def test_out_that_is_a_file_is_refused(command, model_dir, tmp_path, capsys):
+    out = tmp_path / "afile"
+    out.write_text("keep me\n")
+    before = _snapshot(out)
+    argv = [str(model_dir) if a == "MODEL" else a for a in command]
+    line = _refused(*_cli(capsys, *argv, "--out", out))
+    assert f"--out {out} is a file" in line
+    assert _snapshot(out) == before
+
+
+def test_init_over_a_model_needs_force(tmp_path, capsys):
+    out = tmp_path / "m"
+    assert _cli(capsys, "init", "--out", out)[0] == 0
+    before = _snapshot(out)
+    line = _refused(*_cli(capsys, "init", "--out", out, "--seed", "1"))
+    assert f"--out {out} already holds a model" in line and "--force" in line
+    assert _snapshot(out) == before
+    assert _cli(capsys, "init", "--out", out, "--seed", "1", "--force")[0] == 0
+    assert _snapshot(out) != before
+
+
+def _generate(capsys, model, *argv):
+    return _cli(capsys, "generate", "--model", model, "--max-new-tokens", "3", *argv)
