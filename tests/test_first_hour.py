@@ -58,3 +58,20 @@ def test_init_over_a_model_needs_force(tmp_path, capsys):
 
 def _generate(capsys, model, *argv):
     return _cli(capsys, "generate", "--model", model, "--max-new-tokens", "3", *argv)
+
+
+def test_a_prompt_that_is_not_text_is_refused(model_dir, tmp_path, capsys):
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "out.jsonl"
+    prompts.write_text('{"prompt": "a"}\n{"prompt": 42}\n')
+    out.write_text("earlier output\n")
+    before = _snapshot(out)
+    line = _refused(*_generate(capsys, model_dir, "--prompts", prompts, "--out", out))
+    assert f"{prompts}: row 2" in line and "'prompt'" in line and "int" in line
+    assert _snapshot(out) == before
+
+
+def test_an_empty_prompts_file_says_so(model_dir, tmp_path, capsys):
+    prompts = tmp_path / "empty.jsonl"
+    prompts.write_text("\n")
+    line = _refused(*_generate(capsys, model_dir, "--prompts", prompts))
+    assert line == f"error: --prompts {prompts} has no rows"

@@ -34,18 +34,30 @@ def collect_prompts(args: argparse.Namespace) -> list[str | list[dict]]:
     """--prompt texts, then --prompts rows: `prompt` (text, or a list of chat messages) or `messages`."""
     prompts: list[str | list[dict]] = list(args.prompt)
     if args.prompts:
-        for number, row in read_numbered(args.prompts):
-            if "prompt" not in row and "messages" not in row:
-                raise BebopError(f"{args.prompts}: row {number} has no 'prompt' (or 'messages') key")
-            value = row.get("prompt", row.get("messages"))
-            what = f"{args.prompts}: row {number}"
-            prompts.append(check_messages(value, what) if isinstance(value, list) else str(value))
+        rows = read_numbered(args.prompts)
+        if not rows:
+            raise BebopError(f"--prompts {args.prompts} has no rows")
+        prompts += [_file_prompt(row, f"{args.prompts}: row {number}") for number, row in rows]
     if not prompts:
         raise BebopError("give at least one --prompt or a --prompts FILE.jsonl")
     for i, text in enumerate(prompts):
         if not text:
             raise BebopError(f"prompt {i} is empty")
     return prompts
+
+
+def _file_prompt(row: dict, what: str) -> str | list[dict]:
+    """A --prompts row's prompt: text, or a list of chat messages (under `prompt` or `messages`)."""
+    key = "prompt" if "prompt" in row else "messages"
+    if key not in row:
+        raise BebopError(f"{what} has no 'prompt' (or 'messages') key")
+    value = row[key]
+    if isinstance(value, list):
+        return check_messages(value, what)
+    if not isinstance(value, str):
+        raise BebopError(f"{what}: {key!r} must be text or a list of chat messages, got {type(value).__name__} "
+                         f"{json.dumps(value)[:40]}")
+    return value
 
 
 def check_generate_args(policy: Policy, args: argparse.Namespace) -> None:
