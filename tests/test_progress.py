@@ -62,3 +62,21 @@ def test_disabled_prints_nothing_and_a_terminal_gets_tqdm():
 def test_write_goes_to_stderr(capsys):
     progress.write("bebop: a warning")
     assert capsys.readouterr().err == "bebop: a warning\n"
+
+
+LONG_COMMANDS = [("generate",), ("sft",), ("eval",), ("rl",), ("demo",), ("mtp", "train"), ("mtp", "eval"),
+                 ("mtp", "study"), ("mtp", "diagnose")]
+
+
+def test_every_long_command_takes_no_progress_with_help():
+    import argparse
+
+    from bebop.cli import build_parser
+
+    for path in LONG_COMMANDS:
+        parser = build_parser()
+        for name in path:
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            parser = sub.choices[name]
+        flag = next((a for a in parser._actions if "--no-progress" in a.option_strings), None)
+        assert flag is not None and flag.help and "progress" in flag.help, path

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from bebop import __version__
-from bebop.commands.flags import add_chat_args, add_device_args, add_sampling_args, add_spec_args
+from bebop.commands.flags import add_chat_args, add_device_args, add_progress_args, add_sampling_args, add_spec_args
 from bebop.commands.outputs import add_out_dir, check_out_dir, holds_model, refuse_to_replace
 from bebop.errors import BebopError
 
@@ -33,6 +33,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                                          "the acceptance metrics")
     add_device_args(p)
     add_chat_args(p)
+    add_progress_args(p)
     p.set_defaults(func=_run_generate)
 
 

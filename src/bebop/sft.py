@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -31,7 +30,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from bebop.chat import parse_template_kwargs
 from bebop.dist.parallel import Logits, Parallel, check_parallel
@@ -46,6 +44,7 @@ from bebop.metrics_log import NO_LOG, MetricsLog
 from bebop.model.checkpoint import release_dtype, save_model
 from bebop.policy import Policy, load_policy
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
+from bebop.progress import bar as progress_bar
 from bebop.tasks import Problem, Task, get_task
 from bebop.tasks.dataset_task import COMPLETIONS, DatasetTask, load_dataset_task, run_task
 from bebop.tokenizer import TextCodec, copy_tokenizer_files
@@ -272,8 +271,8 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
     config = asdict(cfg) | {"learner": par.describe()}
     log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="sft",
                      config=config) if world.is_main else NO_LOG
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"sft {task.name}",
-               disable=not (progress and world.is_main), file=sys.stderr)
+    bar = progress_bar(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"sft {task.name}", unit="step",
+                       enabled=progress and world.is_main)
     t0, train_peak, state_mb = time.perf_counter(), 0.0, 0.0
     for step in bar:
         chunks = sample_batch(task, pool, rng, policy.codec, cfg.batch_size, policy.pad_id,

@@ -16,6 +16,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from bebop.commands.flags import add_progress_args
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from bebop.commands.outputs import add_out_dir
@@ -28,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, default=None,
                    help="a TOML / JSON file of DemoConfig fields (bebop/study/demo_pipeline.py) over the defaults")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (evaluation and RL)")
-    p.add_argument("--no-progress", action="store_true")
+    add_progress_args(p)
 
 
 def run_demo(args: argparse.Namespace) -> None:

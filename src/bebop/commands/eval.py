@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from contextlib import nullcontext
 
 import torch
-from tqdm import tqdm
 
-from bebop.commands.flags import add_chat_args, check_at_least_one
+from bebop.commands.flags import add_chat_args, add_progress_args, check_at_least_one
 from bebop.commands.generate import start_vllm
 from bebop.engine import generate
 from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.errors import BebopError
 from bebop.policy import load_policy
+from bebop.progress import bar as progress_bar
 from bebop.rollout import run_episodes, summarize
 from bebop.sampling import SamplingParams
 from bebop.tasks.dataset_task import DatasetTask, run_task
@@ -37,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction, add_device_args) -> None:
     p.add_argument("--difficulty", type=int, default=1)
     add_device_args(p)
     add_chat_args(p)
+    add_progress_args(p)
     p.set_defaults(func=run)
 
 
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> None:
         compile_steps(policy.model, args.compile, expected_decode_steps(len(problems), args.batch_size,
                                                                         args.max_new_tokens))
     with start_vllm(policy, args) or nullcontext() as server:  # None on bebop's engine
-        with tqdm(total=len(problems), desc=f"eval {task.name}", unit="problem", file=sys.stderr) as bar:
+        with progress_bar(total=len(problems), desc=f"eval {task.name}", unit="problem",
+                          enabled=not args.no_progress) as bar:
             episodes = run_episodes(policy, task, problems, sampling=SamplingParams(args.temperature),
                                     max_new_tokens=args.max_new_tokens, generator=generator,
                                     batch_size=args.batch_size, on_batch=bar.update,

@@ -44,6 +44,15 @@ def add_learner_args(p: argparse.ArgumentParser, check) -> None:
     p.set_defaults(learner_check=check)
 
 
+def add_progress_args(p: argparse.ArgumentParser) -> None:
+    """--no-progress: the command's progress bars (bebop.progress) print nothing."""
+    from bebop.progress import INTERVAL_S
+
+    p.add_argument("--no-progress", action="store_true",
+                   help=f"print no progress on stderr (else a bar on a terminal, or a line every {INTERVAL_S:g} s "
+                        "in a file or a pipe)")
+
+
 def add_log_args(p: argparse.ArgumentParser, run_dir: str = "OUT") -> None:
     """--log TRACKER (repeatable) beside the JSONL log; --tensorboard is --log tensorboard."""
     p.add_argument("--log", action="append", choices=LOGGERS, default=None,

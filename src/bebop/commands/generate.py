@@ -9,7 +9,6 @@ import time
 from contextlib import nullcontext
 
 import torch
-from tqdm import tqdm
 
 from bebop.chat import check_messages
 from bebop.commands.flags import check_at_least_one
@@ -23,6 +22,7 @@ from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.jsonl import dumps_rows, read_numbered, write_jsonl
 from bebop.policy import Policy, load_policy
+from bebop.progress import bar as progress_bar
 from bebop.sampling import SamplingParams
 
 
@@ -121,7 +121,7 @@ def _generate_batches(policy: Policy, prompts: list[str], args: argparse.Namespa
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
     rows, elapsed = [], 0.0
     batches = range(0, len(prompts), args.batch_size)
-    for start in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2, file=sys.stderr):
+    for start in progress_bar(batches, desc="generate", unit="batch", enabled=len(batches) > 1 and not args.no_progress):
         texts = prompts[start:start + args.batch_size]
         ids = [policy.codec.encode(t) for t in texts]
         for i, toks in enumerate(ids):

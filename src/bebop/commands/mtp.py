@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from bebop.commands.config_flags import add_config_flags, config_values
-from bebop.commands.flags import VLLM_PYTHON_HELP, add_learner_args, add_log_args, check_at_least_one
+from bebop.commands.flags import VLLM_PYTHON_HELP, add_learner_args, add_log_args, add_progress_args, check_at_least_one
 from bebop.commands.outputs import add_out_dir, refuse_to_replace
 from bebop.dist.world import World, env_world
 from bebop.errors import BebopError
@@ -74,6 +74,7 @@ def _add_diagnose(mtp_sub) -> None:
                                             "accept_length), compared with the acceptance the head allows")
     add_out_dir(p, "directory for diagnosis.json and diagnosis.md (default: ROLLOUTS.diagnosis/)", required=False)
     p.add_argument("--device", default="auto")
+    add_progress_args(p)
     p.set_defaults(func=run_diagnose)
 
 
@@ -94,7 +95,7 @@ def run_diagnose(args: argparse.Namespace) -> None:
     pairs = read_rollouts(args.rollouts, policy)
     baseline = read_rollouts(args.baseline, policy) if args.baseline else None
     report = diagnose(policy, pairs, k=k, sampling=sampling, seed=args.seed, entropy_bins=args.entropy_bins,
-                      batch_size=args.batch_size, baseline=baseline)
+                      batch_size=args.batch_size, baseline=baseline, progress=not args.no_progress)
     report |= {"model": str(args.model), "source": str(args.rollouts), "baseline": args.baseline}
     if counters:
         report["engine_metrics"] = compare(counters, report)
@@ -133,6 +134,7 @@ def _add_study(mtp_sub) -> None:
     p.add_argument("--ce-warmup", type=float, default=d.ce_warmup,
                    help="share of the cap the non-ce heads first train with ce (0 = from scratch)")
     p.add_argument("--no-sampled", action="store_true", help="the exact measure only (no speculative generation)")
+    add_progress_args(p)
     p.set_defaults(func=run_study)
 
 
@@ -156,7 +158,7 @@ def run_study(args: argparse.Namespace) -> None:
                      steps=args.steps, depths=args.depths, k=args.k, num_samples=args.num_samples,
                      held_out=args.held_out, eval_every=args.eval_every, patience=args.patience,
                      ce_warmup=args.ce_warmup, n_eval=args.n, sampled=not args.no_sampled)
-    for cell in run_loss_study(args.model, args.out, spec)["cells"]:
+    for cell in run_loss_study(args.model, args.out, spec, progress=not args.no_progress)["cells"]:
         print(json.dumps(cell))
 
 
@@ -171,6 +173,7 @@ def _add_train(mtp_sub) -> None:
     add_log_args(p, run_dir="OUT (--out, else --model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (not part of the run: resume anywhere)")
     p.add_argument("--vllm-python", default="", help=VLLM_PYTHON_HELP)
+    add_progress_args(p)
     add_learner_args(p, _check_train_ranks)
     p.set_defaults(func=run_train)
 
@@ -185,7 +188,8 @@ def run_train(args: argparse.Namespace) -> None:
     from bebop.mtp.train import MTPTrainConfig, train_mtp
 
     cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
-    summary = train_mtp(args.model, cfg, out=args.out, resume=args.resume, loggers=args.log or (),
+    summary = train_mtp(args.model, cfg, out=args.out, resume=args.resume, progress=not args.no_progress,
+                        loggers=args.log or (),
                         device=args.device, vllm_python=args.vllm_python or None, parallel=args.parallel)
     if env_world().is_main:
         print(json.dumps(summary))
@@ -207,6 +211,7 @@ def _add_eval(mtp_sub) -> None:
     p.add_argument("--entropy-bins", type=int, default=0,
                    help="also report acceptance per depth in N quantile bins of the target's entropy, with 95%% "
                         "intervals, and the first draft's acceptance slope per nat (0 = off)")
+    add_progress_args(p)
     p.set_defaults(func=run_eval)
 
 
@@ -223,7 +228,8 @@ def run_eval(args: argparse.Namespace) -> None:
     modes = ["rs", "to"] if args.mode == "both" else [args.mode]
     policy = load_policy(args.model)
     for row in evaluate_mtp(policy, get_task(args.task), k=args.k, temperatures=temperatures, modes=modes,
-                            n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens, entropy_bins=args.entropy_bins):
+                            n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens, entropy_bins=args.entropy_bins,
+                            progress=not args.no_progress):
         print(json.dumps(row), flush=True)
     if args.diagnostics:
         _print_diagnostics(policy, get_task(args.task), temperatures, args)
@@ -237,7 +243,7 @@ def _print_diagnostics(policy, task, temperatures: list[float], args: argparse.N
         if not t > 0:
             continue  # a greedy target has no distribution to compare
         seqs = sample_sequences(policy, task, n=args.diagnostics, temperature=t, seed=args.seed, split="test",
-                                max_new_tokens=args.max_new_tokens)
+                                max_new_tokens=args.max_new_tokens, progress=not args.no_progress)
         for row in draft_diagnostics(policy, seqs, depths=args.k, temperature=t):
             print(json.dumps({"diagnostics": True, "temperature": t, **row}), flush=True)
 

@@ -9,7 +9,7 @@ import argparse
 import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
-from bebop.commands.flags import add_learner_args, add_log_args
+from bebop.commands.flags import add_learner_args, add_log_args, add_progress_args
 from bebop.commands.outputs import add_out_dir
 from bebop.dist.world import env_world
 from bebop.rl.config import BACKENDS, Backend, RLConfig, check_learner_ranks
@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     add_log_args(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--no-progress", action="store_true")
+    add_progress_args(p)
     p.add_argument("--backend", choices=BACKENDS, default="local",
                    help="where rollouts run: this process, or Ray actors (pip install 'bebop[ray]')")
     p.add_argument("--rollout-workers", type=int, default=1, help="ray: rollout actors (<= max-staleness + 1)")

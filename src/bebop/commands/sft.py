@@ -8,7 +8,7 @@ import argparse
 import json
 
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
-from bebop.commands.flags import add_learner_args, add_log_args
+from bebop.commands.flags import add_learner_args, add_log_args, add_progress_args
 from bebop.commands.outputs import add_out_dir
 from bebop.dist.world import World, env_world
 from bebop.sft import DEFAULT_STEPS, SFTConfig, train_sft
@@ -22,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     add_log_args(p)
+    add_progress_args(p)
     add_learner_args(p, check_ranks)
     p.set_defaults(func=run)
 
@@ -39,7 +40,8 @@ def check_ranks(args: argparse.Namespace, nproc: int) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    metrics = train_sft(args.out, _config(args), resume=args.resume, loggers=args.log or (),
+    metrics = train_sft(args.out, _config(args), resume=args.resume, progress=not args.no_progress,
+                        loggers=args.log or (),
                         device=args.device, parallel=args.parallel)
     if env_world().is_main:
         print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))

@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import random
-import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bebop.encoding import encode_example, env_token_mask
 from bebop.engine import generate
 from bebop.errors import BebopError
 from bebop.jsonl import read_jsonl, write_jsonl
 from bebop.policy import Policy
+from bebop.progress import bar as progress_bar
 from bebop.rollout import run_episodes
 from bebop.sampling import SamplingParams
 from bebop.tasks import Task
@@ -97,7 +96,7 @@ def sample_sequences(policy: Policy, task: Task, *, n: int, temperature: float, 
     """The policy's own completions of n `split` problems at `temperature` (seeded), not cached."""
     problems = task.problems(split, n, seed)
     generator = torch.Generator(device=policy.model.device).manual_seed(seed)
-    with tqdm(total=n, desc=f"sample {task.name} T={temperature:g}", disable=not progress, file=sys.stderr) as bar:
+    with progress_bar(total=n, desc=f"sample {task.name} T={temperature:g}", unit="row", enabled=progress) as bar:
         episodes = run_episodes(policy, task, problems, sampling=SamplingParams(temperature),
                                 max_new_tokens=max_new_tokens, generator=generator, batch_size=batch_size,
                                 on_batch=bar.update, generate_fn=generate_fn)

@@ -20,18 +20,17 @@ and the draft diagnostics per depth along the RS chains (KL, H(q) - H(p), the al
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from bebop.errors import BebopError
 from bebop.mtp.draft_stats import FIELDS
 from bebop.mtp.exact import Chains, drafting_starts, expected_chains
 from bebop.mtp.rollout_files import RolloutIds
 from bebop.policy import Policy
+from bebop.progress import bar as progress_bar
 from bebop.sampling import SamplingParams
 from bebop.study.entropy_bins import Z95, acceptance_slope, per_token_law
 
@@ -106,7 +105,7 @@ def measure(policy: Policy, pairs: Sequence[RolloutIds], *, sampling: SamplingPa
     if total == 0:
         raise BebopError(f"{what}: no drafting positions (every response has fewer than 2 tokens)")
     generator = torch.Generator(device=policy.model.device).manual_seed(seed)
-    with tqdm(total=total, desc=what, unit="pos", disable=not progress, file=sys.stderr) as bar:
+    with progress_bar(total=total, desc=what, unit="pos", enabled=progress) as bar:
         return expected_chains(policy.model, sequences, depth=MAX_REPORTED_K, sampling=sampling, generator=generator,
                                batch_size=batch_size, pad_id=policy.pad_id, progress=bar.update)
 

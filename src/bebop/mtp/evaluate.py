@@ -6,21 +6,20 @@ Each result is one (mode, temperature) point: vLLM's acceptance metrics from rea
 generation on the task's test prompts (agent observations included), plus the mean target
 entropy of the emitted tokens and the task's pass rate. With `entropy_bins=N` also the entropy law
 per token (bebop.study.entropy_bins): acceptance per depth in N quantile bins of the target's
-entropy, with intervals, and the first draft's acceptance slope per nat with its interval.
+entropy, and the first draft's acceptance slope per nat, with intervals over the prompts as clusters.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 import torch
-from tqdm import tqdm
 
 from bebop.engine.metrics import SpecMetrics, merged
 from bebop.engine.speculative import check_spec, speculative_rollout_fn
 from bebop.errors import BebopError
 from bebop.policy import Policy
+from bebop.progress import bar as progress_bar
 from bebop.rollout import run_episodes, summarize
 from bebop.sampling import SamplingParams
 from bebop.study.entropy_bins import per_token_law
@@ -38,7 +37,7 @@ def evaluate_mtp(policy: Policy, task: Task, *, k: int, temperatures: Sequence[f
     problems = task.problems("test", n, seed)
     results = []
     points = [(m, t) for m in modes for t in temperatures]
-    for mode, temperature in tqdm(points, desc="mtp eval", disable=not progress, file=sys.stderr):
+    for mode, temperature in progress_bar(points, desc="mtp eval", unit="point", enabled=progress):
         sink: list[SpecMetrics] = []
         episodes = run_episodes(policy, task, problems, sampling=SamplingParams(temperature),
                                 max_new_tokens=max_new_tokens, batch_size=batch_size,

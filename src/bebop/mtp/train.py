@@ -22,7 +22,6 @@ and values stay float32, and the saved model keeps its declared dtype.
 from __future__ import annotations
 
 import random
-import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -30,7 +29,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bebop.chat import parse_template_kwargs
 from bebop.dist.parallel import Parallel, check_parallel
@@ -50,6 +48,7 @@ from bebop.mtp.patience import Patience
 from bebop.mtp.rollout_files import read_rollouts
 from bebop.policy import Policy, load_policy, resolve_device
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
+from bebop.progress import bar as progress_bar
 from bebop.tasks.dataset_task import COMPLETIONS, PROMPTS, run_task
 from bebop.tokenizer import copy_tokenizer_files
 from bebop.train_state import (
@@ -447,8 +446,8 @@ def _train_loop(run: _Run, data: list[Sequence], held: list[Sequence], rng: rand
     --save-every steps and at the end, the best held-out head in the model when there is a held-out measure."""
     cfg, policy = run.cfg, run.policy
     policy.model.train()
-    bar = tqdm(initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}", disable=not (progress and run.world.is_main),
-               file=sys.stderr)
+    bar = progress_bar(initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}", unit="step",
+                       enabled=progress and run.world.is_main)
     step = start
     for step in range(start + 1, cfg.steps + 1):
         seqs = [data[rng.randrange(len(data))] for _ in range(cfg.batch_size)]
@@ -456,8 +455,8 @@ def _train_loop(run: _Run, data: list[Sequence], held: list[Sequence], rng: rand
         row = {"step": step, **row}
         stop = bool(cfg.eval_every and step % cfg.eval_every == 0) and _measure(run, held, watch, step, row)
         log.write(row)
-        bar.update()
         bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acceptance_per_depth'][0]:.3f}")
+        bar.update()
         if stop or step == cfg.steps:
             _keep_best(run, watch)
             _save(run, step, rng, watch, stopped=stop)

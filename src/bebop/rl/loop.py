@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from tqdm import tqdm
 
 from bebop.dist.parallel import Logits, Parallel, check_parallel
 from bebop.dist.world import World, init_world
@@ -37,6 +35,8 @@ from bebop.metrics_log import NO_LOG, MetricsLog
 from bebop.model.checkpoint import load_model, release_dtype
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy, load_policy
+from bebop.progress import bar as progress_bar
+from bebop.progress import write as progress_write
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
 from bebop.rl.config import Backend, RLConfig, check_learner_ranks, run_identity
@@ -121,9 +121,9 @@ def _watch_drafter(alarm: DrafterAlarm, spec, source, cfg: RLConfig) -> None:
     rollouts stop drafting while it is up (see drafter_alarm.py)."""
     change = alarm.observe(spec)
     if change == RAISED:
-        tqdm.write(alarm.message(spec), file=sys.stderr)
+        progress_write(alarm.message(spec))
     elif change == CLEARED:
-        tqdm.write("bebop: drafter alarm cleared: first-draft acceptance is back above the line", file=sys.stderr)
+        progress_write("bebop: drafter alarm cleared: first-draft acceptance is back above the line")
     if change is not None and cfg.k == AUTO:
         source.suspend_drafting(alarm.raised)
 
@@ -271,8 +271,8 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
     world = learner.trainer.par.world
     writer = MetricsLog(out, METRICS_FILE, resume_step=learner.start, loggers=loggers, tag="rl",
                         config=asdict(cfg) | {"learner": learner.trainer.par.describe()}) if world.is_main else NO_LOG
-    bar = tqdm(range(learner.start, cfg.steps), initial=learner.start, total=cfg.steps,
-               desc=f"rl {cfg.prompts_name} {cfg.mode}", disable=not (progress and world.is_main), file=sys.stderr)
+    bar = progress_bar(range(learner.start, cfg.steps), initial=learner.start, total=cfg.steps,
+                       desc=f"rl {cfg.prompts_name} {cfg.mode}", unit="step", enabled=progress and world.is_main)
     history: list[StepMetrics] = []
     threads = torch.get_num_threads()
     if cfg.mode == "async" and cfg.train_threads:
