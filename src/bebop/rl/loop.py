@@ -30,6 +30,7 @@ from bebop.dist.world import World, init_world
 from bebop.engine.speculative import AUTO
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
+from bebop.jsonl import read_jsonl
 from bebop.loggers import LoggerNames, check_loggers
 from bebop.metrics_log import NO_LOG, MetricsLog
 from bebop.model.checkpoint import load_model, release_dtype
@@ -49,6 +50,7 @@ from bebop.rl.ray_connect import preflight
 from bebop.rl.rollout_dump import dump_rollouts
 from bebop.rl.sampler import RolloutSampler
 from bebop.rl.source import Fetched, RolloutSource
+from bebop.rl.summary import last_steps_means
 from bebop.rl.sync_source import SyncSource
 from bebop.rl.trainer import PolicyTrainer, TrainStats, frozen_reference
 from bebop.rl.vllm_source import VllmAsyncSource, VllmSource
@@ -180,8 +182,9 @@ def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model:
 def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: bool = True,
              loggers: LoggerNames = (), device: str = "auto", backend: Backend = Backend(),
              parallel: str = "fsdp") -> dict:
-    """Run (or resume) GRPO in `out`; return a summary of the last steps. Under torchrun each rank updates with its
-    share of every batch (`parallel`: fsdp or ddp, bebop.dist); rank 0 samples, broadcasts each batch, and writes."""
+    """Run (or resume) GRPO in `out`; return a summary of the last steps (rl/summary.py). Under torchrun each rank
+    updates with its share of every batch (`parallel`: fsdp or ddp, bebop.dist); rank 0 samples, broadcasts each
+    batch, and writes."""
     backend.validate(cfg)
     check_parallel(parallel)
     world, device = init_world(device)
@@ -216,15 +219,13 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
         raise
     if source is not None and learner.alarm.raised and cfg.k == AUTO:
         source.suspend_drafting(True)
-    history = _run_steps(out, cfg, learner, source, evaluator, progress=progress, loggers=loggers)
+    _run_steps(out, cfg, learner, source, evaluator, progress=progress, loggers=loggers)
     view = learner.trainer.par.full_model()
     if view is not None:
         write_model_dir(view, Path(cfg.model), out / FINAL_MODEL)
-    tail = history[-5:]
+    rows = read_jsonl(out / METRICS_FILE) if world.is_main else []  # the whole run's steps, resumed or not
     return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),
-            "policy_version": learner.trainer.policy_version,
-            "reward_last": sum(m.reward for m in tail) / len(tail) if tail else None,
-            "mean_acceptance_length_last": sum(m.mean_acceptance_length for m in tail) / len(tail) if tail else None}
+            "policy_version": learner.trainer.policy_version, **last_steps_means(rows)}
 
 
 @dataclass
@@ -265,7 +266,7 @@ def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None, world: Worl
 
 
 def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
-               evaluator: Evaluator | None, *, progress: bool, loggers: LoggerNames) -> list[StepMetrics]:
+               evaluator: Evaluator | None, *, progress: bool, loggers: LoggerNames) -> None:
     """Steps learner.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, evaluate, log, save. Rank 0
     holds the source (other ranks: None) and writes."""
     world = learner.trainer.par.world
@@ -273,7 +274,6 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
                         config=asdict(cfg) | {"learner": learner.trainer.par.describe()}) if world.is_main else NO_LOG
     bar = progress_bar(range(learner.start, cfg.steps), initial=learner.start, total=cfg.steps,
                        desc=f"rl {cfg.prompts_name} {cfg.mode}", unit="step", enabled=progress and world.is_main)
-    history: list[StepMetrics] = []
     threads = torch.get_num_threads()
     if cfg.mode == "async" and cfg.train_threads:
         torch.set_num_threads(cfg.train_threads)
@@ -282,7 +282,6 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
             m, view = _step(step + 1, out, cfg, learner, source, evaluator)
             if m is not None:
                 writer.write(asdict(m))
-                history.append(m)
                 bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
                 _save(out, step + 1, cfg, learner, source, view)
@@ -291,7 +290,6 @@ def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource
             source.close()
         writer.close()
         torch.set_num_threads(threads)
-    return history
 
 
 def _step(step: int, out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
