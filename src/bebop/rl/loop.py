@@ -43,6 +43,7 @@ from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, wr
 from bebop.rl.config import Backend, RLConfig, check_learner_ranks, run_identity
 from bebop.rl.drafter_alarm import CLEARED, RAISED, DrafterAlarm
 from bebop.rl.evaluation import Evaluator
+from bebop.rl.flat_rewards import WATCH_STEPS, FlatRewards
 from bebop.rl.metrics import METRICS_FILE, StepMetrics, length_percentiles
 from bebop.rl.mtp_online import OnlineMTP, make_online_mtp
 from bebop.rl.ray_backend import RaySource
@@ -230,14 +231,15 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
 
 @dataclass
 class Learner:
-    """The driver's side of a run: the policy update, the online head update, the drafter alarm, and
-    where the run starts (restored from the checkpoint on resume)."""
+    """The driver's side of a run: the policy update, the online head update, the drafter alarm, the
+    flat-reward watch, and where the run starts (restored from the checkpoint on resume)."""
 
     trainer: PolicyTrainer
     online: OnlineMTP | None
     alarm: DrafterAlarm
     start: int  # steps already done
     data_index: int  # the next batch of the prompt stream
+    flat: FlatRewards  # warns once when the first steps have no advantage
 
 
 def restore_masters(model: CausalLM, ckpt: Checkpoint | None) -> None:
@@ -262,7 +264,8 @@ def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None, world: Worl
     online = make_online_mtp(policy, cfg)
     start, data_index = _restore(ckpt, trainer, online)
     saved_alarm = ckpt.state.get("drafter_alarm") if ckpt else None
-    return Learner(trainer, online, DrafterAlarm(**saved_alarm) if saved_alarm else DrafterAlarm(), start, data_index)
+    return Learner(trainer, online, DrafterAlarm(**saved_alarm) if saved_alarm else DrafterAlarm(), start, data_index,
+                   FlatRewards(cfg, min(WATCH_STEPS, cfg.steps) if start == 0 else 0))  # a resumed run was told
 
 
 def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
@@ -309,6 +312,8 @@ def _step(step: int, out: Path, cfg: RLConfig, learner: Learner, source: Rollout
         return None, None
     source.publish(view, trainer.policy_version)
     _watch_drafter(alarm, fetched.batch.spec, source, cfg)
+    if warning := learner.flat.observe(fetched.batch):
+        progress_write(warning)
     t2 = time.perf_counter()
     m = step_metrics(step, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0, alarm.raised)
     if evaluator is not None and evaluator.due(step):
