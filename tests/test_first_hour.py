@@ -1,11 +1,16 @@
 """A new user's first commands, run as they would run them: bad input gets one line `error: ...` and exit 2,
 no traceback, and what was on disk stays as it was."""
 
+import json
 import shutil
 
 import pytest
 
 from bebop.cli import main
+from bebop.engine import generate
+from bebop.engine.records import FINISH_CONTEXT, FINISH_LENGTH
+from bebop.engine.speculative import speculative_generate
+from bebop.sampling import SamplingParams
 
 
 def _cli(capsys, *argv) -> tuple[int, list[str]]:
@@ -75,3 +80,26 @@ def test_an_empty_prompts_file_says_so(model_dir, tmp_path, capsys):
     prompts.write_text("\n")
     line = _refused(*_generate(capsys, model_dir, "--prompts", prompts))
     assert line == f"error: --prompts {prompts} has no rows"
+
+
+def test_rows_cut_by_the_context_say_so(model_dir, tmp_path, capsys):
+    """The tiny model's context is 128 tokens: a 100-character prompt leaves 28 of the 40 asked for."""
+    out, metrics = tmp_path / "out.jsonl", tmp_path / "metrics.json"
+    code, err = _cli(capsys, "generate", "--model", model_dir, "--prompt", "x" * 100, "--prompt", "hi",
+                     "--max-new-tokens", "40", "--ignore-eos", "--out", out, "--metrics-out", metrics)
+    assert code == 0 and len(err) == 1 and err[0].startswith("warning: ") and "context" in err[0], err
+    long, short = (json.loads(line) for line in out.read_text().splitlines())
+    assert (long["finish_reason"], len(long["token_ids"])) == (FINISH_CONTEXT, 128 - 100)
+    assert (short["finish_reason"], len(short["token_ids"])) == (FINISH_LENGTH, 40)  # its own room, not the batch's
+
+
+def test_both_engines_cut_rows_by_the_same_rule(spec_model):
+    """The plain and the speculative engine give each row its own room before the context's end."""
+    context = spec_model.config.max_position_embeddings
+    prompts = [[5] * (context - 10), [6] * 4]
+    common = dict(max_new_tokens=30, sampling=SamplingParams(0.0))
+    plain = generate(spec_model, prompts, **common)
+    spec, _ = speculative_generate(spec_model, prompts, k=3, mode="rs", **common)
+    for gens in (plain, spec):
+        assert [(g.finish_reason, len(g.token_ids)) for g in gens] == [(FINISH_CONTEXT, 10), (FINISH_LENGTH, 30)]
+    assert [g.token_ids for g in plain] == [g.token_ids for g in spec]  # greedy: lossless

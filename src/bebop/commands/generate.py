@@ -12,7 +12,7 @@ import torch
 
 from bebop.chat import check_messages
 from bebop.commands.flags import check_at_least_one
-from bebop.engine import generate
+from bebop.engine import FINISH_CONTEXT, generate
 from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics
@@ -139,11 +139,21 @@ def _generate_batches(policy: Policy, prompts: list[str], args: argparse.Namespa
     return rows, spec, elapsed
 
 
+def _warn_context(rows: list[dict], context: int, max_new_tokens: int) -> None:
+    """One line on stderr when prompts left less room than --max-new-tokens before the context's end."""
+    cut = sum(row["finish_reason"] == FINISH_CONTEXT for row in rows)
+    if cut:
+        print(f"warning: {cut} of {len(rows)} rows reached the end of the model's {context}-token context before "
+              f"--max-new-tokens {max_new_tokens} (finish_reason \"{FINISH_CONTEXT}\"): shorten their prompts for "
+              "the full length", file=sys.stderr)
+
+
 def run_generate(args: argparse.Namespace) -> None:
     given = collect_prompts(args)
     policy = load_policy(args.model, dtype=args.dtype, device=args.device, template_kwargs=args.chat_template_kwargs)
     prompts = [policy.prompt_text(p, f"prompt {i}") for i, p in enumerate(given)]  # chats rendered
     rows, metrics = generate_rows(policy, prompts, args)
+    _warn_context(rows, policy.model.config.max_position_embeddings, args.max_new_tokens)
     if args.out:
         write_jsonl(args.out, rows)
     else:

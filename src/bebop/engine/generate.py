@@ -81,8 +81,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
              max_observation_tokens: int = 64) -> list[Generation]:
     cfg = model.config
     check_prompts(prompts, cfg.max_position_embeddings, cfg.vocab_size)
-    context_room = min(max_new_tokens, cfg.max_position_embeddings - max(len(p) for p in prompts))
-    book = RowBook(prompts, context_room, stop_ids, interrupt_ids, observer)
+    book = RowBook(prompts, max_new_tokens, stop_ids, interrupt_ids, observer, context=cfg.max_position_embeddings)
     cache = model.new_cache(len(prompts), cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
                                                        slack=max_observation_tokens + 1))
     live, lengths = _leave_finished(book, list(range(len(prompts))), [0] * len(prompts), cache)

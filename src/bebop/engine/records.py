@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 FINISH_STOP = "stop"  # a stop token was emitted (it is the last of token_ids)
-FINISH_LENGTH = "length"  # max_new_tokens or the context ran out
+FINISH_LENGTH = "length"  # max_new_tokens ran out
+FINISH_CONTEXT = "context"  # the model's context ran out first (the prompt left less room than max_new_tokens)
+TRUNCATED = (FINISH_LENGTH, FINISH_CONTEXT)  # cut before the row stopped on its own
 
 
 @dataclass

@@ -1,32 +1,47 @@
 """Per-row bookkeeping shared by every decoding loop (plain and speculative).
 
 A `RowBook` takes the tokens a step emitted for each row and applies the rules: truncate at a
-stop token or at `max_new_tokens`, hand control to the environment on an interrupt token (the
-agent task's `</call>`), and say what each row must feed to the model next.
+stop token, at `max_new_tokens` or where the model's context ends (each row's own room: `room`), hand
+control to the environment on an interrupt token (the agent task's `</call>`), and say what each row
+must feed to the model next.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bebop.engine.records import FINISH_LENGTH, FINISH_STOP, Generation
+from bebop.engine.records import FINISH_CONTEXT, FINISH_LENGTH, FINISH_STOP, Generation
 
 # observer(row, token_ids_so_far) -> observation token ids to prefill, or None (no environment)
 Observer = Callable[[int, list[int]], "list[int] | None"]
 
 
+def room(prompt_len: int, max_new_tokens: int, context: int | None) -> int:
+    """The new tokens a row may hold: max_new_tokens, or fewer where the model's context ends first."""
+    return max_new_tokens if context is None else min(max_new_tokens, context - prompt_len)
+
+
 class RowBook:
     def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int],
-                 interrupt_ids: Sequence[int] = (), observer: Observer | None = None) -> None:
+                 interrupt_ids: Sequence[int] = (), observer: Observer | None = None, *,
+                 context: int | None = None) -> None:
         self.rows = [Generation(prompt_ids=list(p)) for p in prompts]
         self.max_new_tokens = max_new_tokens
+        self.limits = [room(len(p), max_new_tokens, context) for p in prompts]  # each row's own
         self.stop_ids = frozenset(stop_ids)
         self.interrupt_ids = frozenset(interrupt_ids) if observer else frozenset()
         self.observer = observer
         self.pending: list[list[int]] = [list(p) for p in prompts]  # tokens to feed next step
-        if max_new_tokens <= 0:
-            for row in self.rows:
-                row.finish_reason = FINISH_LENGTH
+        for b, row in enumerate(self.rows):
+            if self.limits[b] <= 0:
+                row.finish_reason = self._cut(b)
+
+    def room_left(self, b: int) -> int:
+        return self.limits[b] - len(self.rows[b].token_ids)
+
+    def _cut(self, b: int) -> str:
+        """Why row b stops at its limit: max_new_tokens, or the context ending first."""
+        return FINISH_LENGTH if self.limits[b] >= self.max_new_tokens else FINISH_CONTEXT
 
     @property
     def all_done(self) -> bool:
@@ -49,8 +64,8 @@ class RowBook:
             kept += 1
             if tok in self.stop_ids:
                 row.finish_reason = FINISH_STOP
-            elif len(row.token_ids) >= self.max_new_tokens:
-                row.finish_reason = FINISH_LENGTH
+            elif len(row.token_ids) >= self.limits[b]:
+                row.finish_reason = self._cut(b)
             elif tok in self.interrupt_ids:
                 break  # the environment answers before the policy goes on
         self.pending[b] = [] if row.done else [row.token_ids[-1]]
@@ -62,12 +77,12 @@ class RowBook:
         row = self.rows[b]
         assert self.observer is not None  # interrupt_ids is empty without an observer
         observation = self.observer(b, list(row.token_ids)) or []
-        room = self.max_new_tokens - len(row.token_ids)
-        for tok in observation[:room]:
+        left = self.room_left(b)
+        for tok in observation[:left]:
             self._append(row, tok, 0.0, 0.0, False)
-        self.pending[b].extend(observation[:room])
-        if len(observation) >= room:
-            row.finish_reason = FINISH_LENGTH
+        self.pending[b].extend(observation[:left])
+        if len(observation) >= left:
+            row.finish_reason = self._cut(b)
             self.pending[b] = []
 
     @staticmethod

@@ -160,8 +160,8 @@ class _Run:
         cfg = model.config
         self.model, self.k, self.mode, self.sampling = model, k, mode, sampling
         self.generator, self.pad_id, self.controller = generator, pad_id, controller
-        room = min(max_new_tokens, cfg.max_position_embeddings - max(len(p) for p in prompts))
-        self.book = RowBook(prompts, room, stop_ids, interrupt_ids, observer)
+        self.book = RowBook(prompts, max_new_tokens, stop_ids, interrupt_ids, observer,
+                            context=cfg.max_position_embeddings)
         capacity = cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
                                   slack=max(k + 1, max_observation_tokens + 1))
         self.live = list(range(len(prompts)))

@@ -21,7 +21,7 @@ from bebop.engine import generate
 from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics, merged
-from bebop.engine.records import FINISH_LENGTH
+from bebop.engine.records import TRUNCATED
 from bebop.engine.speculative import AUTO, speculative_rollout_fn
 from bebop.engine.step_costs import step_costs
 from bebop.model.qwen3 import CausalLM
@@ -135,7 +135,7 @@ class RolloutSampler:
         model.train(was_training)
         rollouts = [Rollout(ep.generation.prompt_ids, ep.generation.token_ids, ep.generation.logprobs,
                             ep.generation.policy_mask, ep.reward, policy_version,
-                            truncated=ep.generation.finish_reason == FINISH_LENGTH,
+                            truncated=ep.generation.finish_reason in TRUNCATED,
                             target_forwards=ep.generation.forwards) for ep in episodes]
         summary = summarize(episodes)
         return RolloutBatch(rollouts, cfg.group_size, policy_version, index, rollout_s,

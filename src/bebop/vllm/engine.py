@@ -48,15 +48,13 @@ class VllmEngine:
         """`model` (bebop's copy of the weights vLLM serves) gives the context and vocabulary checks only."""
         context, vocab = model.config.max_position_embeddings, model.config.vocab_size
         check_prompts(prompts, context, vocab)
-        room = min(max_new_tokens, context - max(len(p) for p in prompts))
-        book = RowBook(prompts, room, stop_ids, interrupt_ids, observer)
+        book = RowBook(prompts, max_new_tokens, stop_ids, interrupt_ids, observer, context=context)
         seeds = torch.randint(SEED_RANGE, (len(prompts),), generator=generator).tolist()  # (N,) one per row
         halt = sorted(set(stop_ids) | set(book.interrupt_ids))
         live, turn = [b for b, row in enumerate(book.rows) if not row.done], 0
         while live:  # one turn per environment answer (a single turn without interrupts)
             rows = [book.rows[b] for b in live]
-            params = [vllm_params(sampling, book.max_new_tokens - len(r.token_ids), halt, (seeds[b] + turn) % SEED_RANGE)
-                      for b, r in zip(live, rows)]
+            params = [vllm_params(sampling, book.room_left(b), halt, (seeds[b] + turn) % SEED_RANGE) for b in live]
             outputs = self.worker.generate([r.prompt_ids + r.token_ids for r in rows], params)
             for b, out in zip(live, outputs):
                 tokens = out["token_ids"]
