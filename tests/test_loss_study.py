@@ -129,7 +129,7 @@ def test_aggregate_and_equal_compute_on_a_worked_case():
                                       ("tv", 0, 0.64, [[5, 0.55]]), ("tv", 1, 0.70, [[5, 0.58], [10, 0.7]])]]
     rows = {r["loss"]: r for r in aggregate(runs, ("ce", "tv"))}
     assert rows["tv"]["exact_rs_rate_vs_ce"][0] == pytest.approx(0.06)  # (0.04 + 0.08) / 2
-    half = 12.706 * (0.08 - 0.04) / 2  # t(0.975, 1) * sd / sqrt(2), sd = |a - b| / sqrt(2)
+    half = 12.706205 * (0.08 - 0.04) / 2  # t(0.975, 1) * sd / sqrt(2), sd = |a - b| / sqrt(2)
     assert rows["tv"]["exact_rs_rate_vs_ce"][2] - 0.06 == pytest.approx(half)
     assert "sampled_rs_rate" not in rows["tv"]  # not measured: left out, not made up
     eq = equal_compute(runs, ("ce", "tv"))

@@ -151,10 +151,10 @@ def test_stage_times_table(demo_dir):
 def test_slope_interval_by_hand():
     from bebop.study.entropy_law import slope_interval
     # Sxx = 5, Sxy = 4.5 -> slope 0.9, intercept -0.1; residuals 0.1, 0.2, -0.7, 0.4 -> SSres 0.70;
-    # se = sqrt(0.70 / 2 / 5) = 0.264575; t(0.975, df 2) = 4.303 -> half-width 1.138467
+    # se = sqrt(0.70 / 2 / 5) = 0.264575; t(0.975, df 2) = 4.302653 -> half-width 1.138375
     fit, low, high = slope_interval([0, 1, 2, 3], [0, 1, 1, 3])
     assert fit.slope == pytest.approx(0.9) and fit.intercept == pytest.approx(-0.1)
-    assert low == pytest.approx(0.9 - 1.138467, abs=1e-5) and high == pytest.approx(0.9 + 1.138467, abs=1e-5)
+    assert low == pytest.approx(0.9 - 1.138375, abs=1e-5) and high == pytest.approx(0.9 + 1.138375, abs=1e-5)
     with pytest.raises(BebopError, match="at least 3 points"):
         slope_interval([0, 1], [0, 1])
 

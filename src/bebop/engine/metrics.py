@@ -9,9 +9,10 @@
     mean_entropy                mean target entropy of the emitted policy tokens (nats)
     k_histogram                 {live-batch range: {k: steps}}: how many drafts each step verified,
                                 by the number of rows still generating ('1', '2-3', '4-7', ...)
-    draft_log                   with log_drafts=True (evaluation): one (depth, target entropy, accepted)
-                                per verified draft, the per-token data of the entropy law
-                                (bebop.study.entropy_bins); not in to_dict
+    draft_log                   with log_drafts=True (evaluation): one (depth, target entropy, accepted,
+                                sequence) per verified draft, the per-token data of the entropy law
+                                (bebop.study.entropy_bins); sequence: the prompt's index in its call,
+                                renumbered by merge so that two calls' sequences stay apart; not in to_dict
 """
 
 from __future__ import annotations
@@ -42,19 +43,20 @@ class SpecMetrics:
     entropy_sum: float = 0.0
     num_emitted: int = 0
     k_histogram: dict[str, Counter] = field(default_factory=dict)
-    draft_log: list[tuple[int, float, bool]] | None = None  # (depth, H(p_depth) in nats, accepted)
+    draft_log: list[tuple[int, float, bool, int]] | None = None  # (depth, H(p_depth) nats, accepted, sequence)
 
     def __post_init__(self) -> None:
         self.accepted_per_position = (list(self.accepted_per_position) + [0] * self.k)[: self.k]
 
-    def record_draft(self, num_accepted: int, k: int | None = None, entropies: Sequence[float] = ()) -> None:
+    def record_draft(self, num_accepted: int, k: int | None = None, entropies: Sequence[float] = (),
+                     sequence: int = 0) -> None:
         """One verified chain of k drafts of which the first num_accepted were kept; `entropies`: the
         target's entropy at depths 1, 2, ... (only read with a draft log, for the depths the
-        verification reached: 1 .. min(k, num_accepted + 1))."""
+        verification reached: 1 .. min(k, num_accepted + 1)); `sequence`: the row it was drafted in."""
         k = self.k if k is None else k
         if self.draft_log is not None:
             reached = entropies[: min(k, num_accepted + 1)]
-            self.draft_log += [(d + 1, h, d < num_accepted) for d, h in enumerate(reached)]
+            self.draft_log += [(d + 1, h, d < num_accepted, sequence) for d, h in enumerate(reached)]
         self.num_drafts += 1
         self.num_draft_tokens += k
         self.num_accepted_tokens += num_accepted
@@ -73,11 +75,12 @@ class SpecMetrics:
         pad = lambda xs: list(xs) + [0] * (k - len(xs))  # noqa: E731
         histogram = {label: Counter(self.k_histogram.get(label, {})) + Counter(other.k_histogram.get(label, {}))
                      for label in {*self.k_histogram, *other.k_histogram}}
+        log = None if self.draft_log is None or other.draft_log is None else \
+            self.draft_log + _apart(other.draft_log, self.draft_log)
         return SpecMetrics(k, self.num_drafts + other.num_drafts, self.num_draft_tokens + other.num_draft_tokens,
                            self.num_accepted_tokens + other.num_accepted_tokens,
                            [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))],
-                           self.entropy_sum + other.entropy_sum, self.num_emitted + other.num_emitted, histogram,
-                           None if self.draft_log is None or other.draft_log is None else self.draft_log + other.draft_log)
+                           self.entropy_sum + other.entropy_sum, self.num_emitted + other.num_emitted, histogram, log)
 
     @property
     def acceptance_rate(self) -> float:
@@ -102,6 +105,12 @@ class SpecMetrics:
                 "acceptance_rate_per_position": self.acceptance_rate_per_position, "mean_entropy": self.mean_entropy,
                 "k_histogram": {label: {str(k): n for k, n in sorted(c.items())}
                                 for label, c in sorted(self.k_histogram.items(), key=lambda kv: int(kv[0].split("-")[0]))}}
+
+
+def _apart(log: list, after: list) -> list:
+    """`log`'s records with their sequence ids moved past every id of `after`."""
+    offset = 1 + max((record[3] for record in after), default=-1)
+    return [(d, h, a, s + offset) for d, h, a, s in log]
 
 
 def merged(metrics: Sequence[SpecMetrics], k: int) -> SpecMetrics:

@@ -1,4 +1,4 @@
-"""Trunk positions the MTP head has not consumed yet: the pending refresh (docs/method.md section 3, step 4).
+"""Trunk positions the MTP head has not consumed yet: the pending refresh (docs/method.md section 3, step 2).
 
 After every trunk forward, each row's newly valid positions (a prefix of its chunk) need an MTP
 refresh: the depth-1 input (h_s, e(x_{s+1})) written into the MTP cache at position s. A drafting

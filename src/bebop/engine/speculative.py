@@ -120,7 +120,8 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
                          ) -> tuple[list[Generation], SpecMetrics]:
     """`controller`: with k="auto", an AdaptiveK to reuse across calls (RL keeps one per run so its
     acceptance estimate follows the policy); by default a fresh one over the model's cached costs.
-    `log_drafts`: keep every verified draft's (depth, target entropy, accepted) in metrics.draft_log."""
+    `log_drafts`: keep every verified draft's (depth, target entropy, accepted, prompt index) in
+    metrics.draft_log."""
     check_spec(mode, k, max_k)
     model.require_mtp()
     check_prompts(prompts, model.config.max_position_embeddings, model.config.vocab_size)
@@ -253,7 +254,7 @@ class _Run:
             ents = host[i][2 * (k + 1): 2 * (k + 1) + n_acc + 1]
             kept = self.book.emit(row, toks, host[i][k + 1: k + 2 + n_acc], ents)
             if drafting[i]:  # ents[d - 1] is H(p_d)
-                self.metrics.record_draft(n_acc, k, ents)
+                self.metrics.record_draft(n_acc, k, ents, sequence=row)
             self.metrics.record_emitted(ents[:kept])
             valid = pending[i] + toks[: kept - 1]  # tokens of this chunk now in the trunk cache
             self.trunk_len[i] += len(valid)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from bebop.errors import BebopError
-from bebop.study.intervals import t_quantile
+from bebop.study.intervals import t95
 
 PAPER_SLOPES = {"to": -1.68, "rs+ce": -1.68, "rs+tv": -0.06}
 
@@ -63,5 +63,5 @@ def slope_interval(xs: Sequence[float], ys: Sequence[float]) -> tuple[LinearFit,
     mx = sum(xs) / fit.n
     sxx = sum((x - mx) ** 2 for x in xs)
     ss_res = sum((y - fit.predict(x)) ** 2 for x, y in zip(xs, ys))
-    half = t_quantile(fit.n - 2) * math.sqrt(ss_res / (fit.n - 2) / sxx)
+    half = t95(fit.n - 2) * math.sqrt(ss_res / (fit.n - 2) / sxx)
     return fit, fit.slope - half, fit.slope + half

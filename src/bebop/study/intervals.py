@@ -1,25 +1,32 @@
-"""Means with 95% intervals over a few seeds (Student's t: the right width for 3-10 runs).
+"""95% intervals: means over a few seeds (Student's t: the right width for 3-10 runs), and ratios over
+clusters (sequences whose positions are not independent).
 
     mean, low, high = mean_interval([0.71, 0.68, 0.74])
+    t95(4)                                              # 2.776: the two-sided 95% quantile of t(4)
+    se = cluster_ratio_se(accepted_per_seq, drafts_per_seq)   # of sum(accepted) / sum(drafts)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
 
 from bebop.errors import BebopError
 
-# two-sided 95% quantiles of Student's t by degrees of freedom (1..30); above, the normal's
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-Z975 = 1.959964
+Z95 = 1.959964  # two-sided 95% quantile of the normal
 
 
-def t_quantile(df: int) -> float:
+@lru_cache(maxsize=None)
+def t95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with `df` degrees of freedom (scipy's, exact for any df)."""
     if df < 1:
         raise BebopError(f"an interval needs at least 2 values (1 degree of freedom), got {df + 1}")
-    return T975[df - 1] if df <= len(T975) else Z975
+    from scipy.stats import t  # imported here: scipy.stats takes a second to import
+
+    return float(t.ppf(0.975, df))
 
 
 def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
@@ -31,5 +38,17 @@ def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
     if n == 1:
         return mean, mean, mean
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_quantile(n - 1) * sd / math.sqrt(n)
+    half = t95(n - 1) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def cluster_ratio_se(num: np.ndarray, den: np.ndarray) -> float | None:
+    """The standard error of sum(num) / sum(den), num and den (C,) summed per cluster, by the delta method
+    with the clusters as the independent units (the positions inside one are not); None for fewer than 2
+    clusters or no denominator."""
+    num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    n, total = len(num), float(den.sum())
+    if n < 2 or total <= 0:
+        return None
+    value = float(num.sum()) / total
+    return math.sqrt(float(((num - value * den) ** 2).sum()) / (n * (n - 1))) / (total / n)
