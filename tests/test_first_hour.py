@@ -10,6 +10,7 @@ from bebop.cli import main
 from bebop.engine import generate
 from bebop.engine.records import FINISH_CONTEXT, FINISH_LENGTH
 from bebop.engine.speculative import speculative_generate
+from bebop.model import load_model
 from bebop.sampling import SamplingParams
 
 
@@ -103,3 +104,18 @@ def test_both_engines_cut_rows_by_the_same_rule(spec_model):
     for gens in (plain, spec):
         assert [(g.finish_reason, len(g.token_ids)) for g in gens] == [(FINISH_CONTEXT, 10), (FINISH_LENGTH, 30)]
     assert [g.token_ids for g in plain] == [g.token_ids for g in spec]  # greedy: lossless
+
+
+def test_mtp_init_takes_the_readme_flags(model_dir, capsys):
+    assert _cli(capsys, "mtp", "init", "--model", model_dir, "--intermediate-size", "64")[0] == 0
+    assert load_model(model_dir).config.mtp_intermediate_size == 64
+
+
+@pytest.mark.parametrize("argv,usage", [(["generate", "--model", "M", "--max-new-tokens", "3", "--temp", "0"],
+                                         "usage: bebop generate"),
+                                        (["mtp", "init", "--model", "M", "--num-layer", "2"], "usage: bebop mtp init"),
+                                        (["rl", "--out", "R", "--bogus"], "usage: bebop rl")])
+def test_unknown_or_abbreviated_flags_are_refused_with_the_commands_usage(argv, usage, capsys):
+    code, err = _cli(capsys, *argv)
+    assert code == 2 and err[0].startswith(usage) and "Traceback" not in "\n".join(err), err
+    assert err[-1].startswith(f"{usage[len('usage: '):]}: error: unrecognized arguments: --"), err

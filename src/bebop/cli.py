@@ -12,6 +12,7 @@ from pathlib import Path
 from bebop import __version__
 from bebop.commands.flags import add_chat_args, add_device_args, add_progress_args, add_sampling_args, add_spec_args
 from bebop.commands.outputs import add_out_dir, check_out_dir, holds_model, refuse_to_replace
+from bebop.commands.parser import Parser
 from bebop.errors import BebopError
 
 
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bebop.commands import sft as sft_cmd
     from bebop.tasks.cli import register as register_tasks
 
-    parser = argparse.ArgumentParser(prog="bebop", description=__doc__.splitlines()[0])
+    parser = Parser(prog="bebop", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"bebop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)

@@ -22,12 +22,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     p = sub.add_parser("mtp", help="MTP draft heads: init, train, eval, study, diagnose, export")
     mtp_sub = p.add_subparsers(dest="mtp_command", required=True)
     init = mtp_sub.add_parser("init", help="add a freshly initialised MTP head to a model directory")
-    init.add_argument("--model", required=True)
+    init.add_argument("--model", required=True, help="the model directory (the head is added to it, or to --out)")
     init.add_argument("--out", help="write to this directory instead (the source is copied first)")
-    init.add_argument("--num-layers", type=int, default=1)
-    p.add_argument("--intermediate-size", type=int, default=0,
-                   help="the head's MLP width (0: the trunk's, the layout vLLM and SGLang load; narrower: a study head)")
-    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--num-layers", type=int, default=1, help="the head's transformer layers")
+    init.add_argument("--intermediate-size", type=int, default=0,
+                      help="the head's MLP width (0: the trunk's, the layout vLLM and SGLang load; narrower: a study "
+                           "head)")
+    init.add_argument("--seed", type=int, default=0, help="seeds the head's random weights")
     init.add_argument("--force", action="store_true", help="replace an existing head")
     init.set_defaults(func=run_init)
     _add_train(mtp_sub)
