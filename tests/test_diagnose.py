@@ -45,8 +45,10 @@ def test_the_engine_view_counts_the_steps_a_run_takes():
     assert view["mean_acceptance_length"]["value"] == pytest.approx(1.5)
 
 
-def test_depth_one_is_sum_min_p_q_on_the_real_prefix(policy):
-    """Depth 1's conditioning is the rollout's own tokens: alpha_1 = sum_v min(p, q) from one teacher-forced pass."""
+def test_depth_one_follows_the_token_that_came_next(policy):
+    """Depth 1's conditioning is the rollout's own prefix; given the token x that followed, the draft was accepted
+    with probability min(p, q)(x) / p(x) under RS and [x = argmax q] under TO; the depth-1 law's averages
+    (alpha_1 = sum_v min(p, q), p(argmax q)) come from the same teacher-forced pass."""
     model = policy.model
     prompt, response = ids_of(PROMPTS[:1])[0], [5, 9, 12, 7]
     sampling = SamplingParams(1.0)
@@ -60,8 +62,11 @@ def test_depth_one_is_sum_min_p_q_on_the_real_prefix(policy):
         t = len(prompt) + j  # its position
         p = warp_probs(model.logits(hidden[0, t]), sampling)
         q = warp_probs(model.mtp_logits(head[0, t - 1]), sampling)
-        assert chains.rs_reach[0][j, 0].item() == pytest.approx(torch.minimum(p, q).sum().item(), abs=1e-5)
-        assert chains.to_reach[0][j, 0].item() == pytest.approx(p[q.argmax()].item(), abs=1e-5)
+        x = response[j + 1]
+        assert chains.rs_reach[0][j, 0].item() == pytest.approx(min(p[x], q[x]).item() / p[x].item(), abs=1e-5)
+        assert chains.to_reach[0][j, 0].item() == float(int(q.argmax()) == x)
+        assert chains.tv_1[0][j].item() == pytest.approx(1 - torch.minimum(p, q).sum().item(), abs=1e-5)
+        assert chains.to_1[0][j].item() == pytest.approx(p[q.argmax()].item(), abs=1e-5)
 
 
 def _measured(model, prompts, k, sampling, seed):
@@ -201,36 +206,45 @@ def test_a_baseline_splits_the_change(policy, tmp_path):
         assert part["entropy_part"] + part["mismatch_part"] == pytest.approx(part["change"])
 
 
-def _depth_two_exact(model, prefix, sampling):
-    """alpha_1 * E_{y ~ min(p_1, q_1) / alpha_1}[sum_v min(p_2(y), q_2(y))], every y of the vocabulary enumerated."""
+def _past_the_end_exact(model, prefix, sampling):
+    """A start whose sequence ends one token after it (prefix = the start's prefix + that last token x): the
+    chain's depth 1 is x, then the head drafts on. P(drafts 1..3 accepted) = m_1(x) * alpha_2 *
+    E_{y ~ min(p_2, q_2) / alpha_2}[alpha_3(y)], m_1(x) = min(p_1, q_1)(x) / p_1(x), every y enumerated."""
     vocab = model.config.vocab_size
-    ids = torch.tensor([prefix] * vocab)  # (V, W): one row per candidate y
+    ids = torch.tensor([prefix] * vocab)  # (V, W): one row per candidate y; the start is at W-2
     cache, mtp = model.new_cache(vocab, len(prefix) + 2), model.require_mtp()
     mtp_cache = mtp.new_cache(vocab, len(prefix) + 2, dtype=model.dtype, device=model.device)
-    hidden = model(ids, cache)
-    head = mtp(hidden[:, :-1], model.embed(ids[:, 1:]), 1, mtp_cache, torch.full((vocab,), len(prefix) - 1))
-    p1, q1 = warp_probs(model.logits(hidden[0, -1]), sampling), warp_probs(model.mtp_logits(head[0, -1]), sampling)
-    y = torch.arange(vocab)
+    hidden = model(ids, cache)  # (V, W, H)
     ones = torch.ones(vocab, dtype=torch.long)
-    p2 = warp_probs(model.logits(model(y[:, None], cache, ones)[:, 0]), sampling)  # (V, V)
-    q2 = warp_probs(model.mtp_logits(mtp(head[:, -1:], model.embed(y[:, None]), 2, mtp_cache, ones)[:, 0]), sampling)
-    return float((torch.minimum(p1, q1) * torch.minimum(p2, q2).sum(-1)).sum())
+    head = mtp(hidden[:, :-2], model.embed(ids[:, 1:-1]), 1, mtp_cache, torch.full((vocab,), len(prefix) - 2))
+    x = prefix[-1]
+    p1, q1 = warp_probs(model.logits(hidden[0, -2]), sampling), warp_probs(model.mtp_logits(head[0, -1]), sampling)
+    h2 = mtp(head[:, -1:], model.embed(ids[:, -1:]), 2, mtp_cache, ones)  # (V, 1, H): depth 2 after x
+    p2, q2 = warp_probs(model.logits(hidden[0, -1]), sampling), warp_probs(model.mtp_logits(h2[0, -1]), sampling)
+    y = torch.arange(vocab)
+    p3 = warp_probs(model.logits(model(y[:, None], cache, ones)[:, 0]), sampling)  # (V, V)
+    q3 = warp_probs(model.mtp_logits(mtp(h2, model.embed(y[:, None]), 3, mtp_cache, ones)[:, 0]), sampling)
+    through_one = float(min(p1[x], q1[x]) / p1[x])
+    return through_one * float((torch.minimum(p2, q2) * torch.minimum(p3, q3).sum(-1)).sum())
 
 
-def test_depth_two_follows_the_law_of_an_accepted_draft(policy):
-    """Depth 2's inputs are accepted drafts, distributed as min(p_1, q_1) / alpha_1: the chains' estimate of
-    P(drafts 1 and 2 accepted) is unbiased for its enumerated value (and far from what drafts ~ q_1 give)."""
+def test_past_the_end_the_chain_follows_the_law_of_an_accepted_draft(policy):
+    """Where the sequence ends the engine's step still counts the drafts it accepts after the last token; there
+    the inputs are accepted drafts, distributed as min(p, q) / alpha: the chains' estimate of P(drafts 1..3
+    accepted) at the last start is unbiased for its enumerated value."""
     import copy
 
     sharp = copy.deepcopy(policy.model)
     with torch.no_grad():
         sharp.lm_head.weight.mul_(8.0)  # peaked targets: an accepted draft's law differs from q's
-    prefix, sampling, n = ids_of(PROMPTS[:1])[0] + [40], SamplingParams(1.0), 2000
+    prompt, sampling, n = ids_of(PROMPTS[:1])[0], SamplingParams(1.0), 2000
+    response = [40, 41]  # one start (last emitted 40), followed by 41, then the end
     with torch.no_grad():
-        exact = _depth_two_exact(sharp, prefix, sampling)
-    chains = expected_chains(sharp, [(prefix[:-1], [40, 41])] * n, depth=2, sampling=sampling,
+        exact = _past_the_end_exact(sharp, prompt + response, sampling)
+    chains = expected_chains(sharp, [(prompt, response)] * n, depth=3, sampling=sampling,
                              generator=torch.Generator().manual_seed(0), batch_size=500)
-    draws = torch.cat([r[:, 1] for r in chains.rs_reach])  # (n,) alpha_1 * alpha_2(y) per chain
+    draws = torch.cat([r[:, 2] for r in chains.rs_reach])  # (n,) m_1(x) alpha_2 alpha_3(y) per chain
+    assert draws.std() > 0  # the chain is sampled past the end
     assert abs(float(draws.mean()) - exact) < 4 * float(draws.std()) / n ** 0.5, (float(draws.mean()), exact)
 
 
@@ -284,4 +298,5 @@ def test_a_hybrid_is_diagnosed(tmp_path):
     prompt, response = ids_of(PROMPTS[:1])[0], [5, 9, 12, 7, 30]
     report = diagnose(hybrid, [RolloutIds(1, prompt, response)] * 2, k=2, sampling=SamplingParams(1.0), progress=False)
     assert report["positions"] == 2 * (len(response) - 1)
-    assert all(0.0 <= a <= 1.0 for a in report["rs_acceptance_per_depth"] + report["to_acceptance_per_depth"])
+    # depths no realised token reaches (TO whose argmax missed every next token) have no acceptance: None
+    assert all(a is None or 0.0 <= a <= 1.0 for a in report["rs_acceptance_per_depth"] + report["to_acceptance_per_depth"])

@@ -33,7 +33,7 @@ def test_the_exact_measure_is_the_engine_view_of_the_chains(headed_model):
     assert m["positions"] == 5 + 3
     for mode in ("rs", "to"):
         assert m[mode]["rate"] == pytest.approx((m[mode]["mean_acceptance_length"] - 1) / 2)
-        assert m[mode]["low"] < m[mode]["rate"] < m[mode]["high"]
+        assert m[mode]["low"] <= m[mode]["rate"] <= m[mode]["high"]  # TO: no next token is the argmax, [0, 0]
     assert expected_acceptance(policy, seqs, k=2, temperature=1.0, seed=0) == m  # deterministic given the seed
     assert first_turn(Sequence([1], [4, 5, 6, 7], [False, False, True, False])) == ([1], [4, 5])
     with pytest.raises(BebopError, match="no drafting positions"):

@@ -3,10 +3,12 @@
     report = diagnose(policy, pairs, k=3, sampling=SamplingParams(1.0), seed=0)
     write_diagnosis(report, out_dir)          # diagnosis.json, diagnosis.md
 
-From the head's own draft chains at every drafting step start (bebop.mtp.exact), the numbers the engine
-would measure on these sequences: a speculative run's steps do not start at every position but after each
-step's accepted run, so the starts are weighted by the probability that a step starts there (a renewal over
-the chain's acceptance law at the given K: a step at start j accepting a drafts starts the next at j+a+1).
+From the head's draft chains along the rollouts' own tokens at every drafting step start (bebop.mtp.exact), the
+numbers the engine would measure on these sequences: a speculative run's steps do not start at every position
+but after each step's accepted run, so each start is weighted by the probability, given the sequence, that a
+step starts there (a renewal over the step's conditional law: a step at start j accepting a drafts starts the
+next at j+a+1, with P(A = a | sequence) = R_a - R_{a+1}; docs/method.md section 8). Exact for rollouts sampled
+from this policy at these settings.
 Per depth d <= K: acceptance = sum_j w_j P(accepted through d) / sum_j w_j P(accepted through d-1), under RS
 and TO (conditional on reaching d; `*_acceptance_rate_per_position` is vLLM's unconditional accepted at d /
 drafts); the mean acceptance length at K = 1 + sum_j w_j sum_{d<=K} P(through d) / sum_j w_j (vLLM's
@@ -38,8 +40,9 @@ MAX_REPORTED_K = 8
 
 
 def renewal_weights(reach: np.ndarray, k: int) -> np.ndarray:
-    """reach (N, D >= k): P(drafts 1..d accepted) at each start of one sequence -> (N,) the probability that
-    a speculative run at K = k starts a step there (the first start is certain)."""
+    """reach (N, D >= k): P(drafts 1..d accepted | the sequence) at each start of one sequence -> (N,) the
+    probability, given the sequence, that a speculative run at K = k starts a step there (the first start is
+    certain; a step accepting a drafts has probability reach_a - reach_{a+1}, or reach_k for a = k)."""
     n = len(reach)
     weights = np.zeros(n)
     if not n:

@@ -1,26 +1,29 @@
-"""The expected acceptance of an MTP head on given sequences, along the head's own draft chains (docs/method.md
-section 8): the estimator behind `bebop mtp diagnose`.
+"""The expected acceptance of an MTP head on given sequences (docs/method.md section 8): the estimator behind
+`bebop mtp diagnose` and the loss study's exact measure.
 
     chains = expected_chains(model, sequences, depth=8, sampling=SamplingParams(1.0), generator=g)
-    chains.rs_reach[i]   # (N_i, D): for each drafting step start t of sequence i, P(drafts 1..d all accepted), RS
-    chains.to_reach[i]   # (N_i, D): the same under TO (exact: its chain is deterministic)
+    chains.rs_reach[i]   # (N_i, D): at each drafting step start of sequence i, P(drafts 1..d accepted | sequence), RS
+    chains.to_reach[i]   # (N_i, D): the same under TO
 
 A drafting step starts where the engine's does: the last emitted token x_{t+1} is a response token (the
 first one is sampled plainly after the prompt's prefill) that is not the response's last. At each start the
 trunk reads the real prefix x_0..x_{t+1} and the head refreshes over it as the engine's head does, giving p_1
 and q_1: for an attention-only trunk one prefill of the sequence serves all its starts (its caches copied and
 cut back to each prefix's length); a hybrid's recurrent states cannot be cut back, so its starts are a ragged
-prefill of their prefixes each. Depth d > 1 is reached only when
-depths 1..d-1 were accepted, with the ACCEPTED tokens as inputs:
-- RS: alpha_d = sum_v min(p_d, q_d); the chain continues with y_d ~ min(p_d, q_d) / alpha_d, the law of
-  an accepted draft, and P(accepted through d) is estimated without bias by prod_{j<=d} alpha_j along
-  the sampled chain (the only noise is the chain's sampling, not a Bernoulli draw per depth);
-- TO: y_d = argmax q_d, alpha_d = p_d(y_d), and prod_{j<=d} alpha_j is exact.
-Teacher-forcing the sequence's own tokens would be right at depth 1 only (they are distributed as p).
+prefill of their prefixes each. The chain then follows the tokens that actually came next (the sequences are
+the target's own samples), and the reach through depth d is the conditional probability, given them, that
+the engine's step accepted drafts 1..d: prod_{i<=d} m_i with
+- RS: m_i = min(p_i, q_i)(x) / p_i(x) at the realised token x (an accepted draft is distributed as
+  min(p, q), a rejection emits from (p - q)+, and the two add up to p);
+- TO: m_i = [x = argmax q_i] (the engine accepts its greedy draft exactly when the target's sample equals it).
+Past the sequence's end (a step near the end still verifies K drafts) the chain goes on along the head's law
+of an accepted draft, y ~ min(p, q) / alpha under RS and the argmax under TO, multiplying alpha_i =
+sum_v min(p_i, q_i) (TO: p_i(argmax q_i)): unbiased, its only noise the chain's sampling.
 
 p and q are warped as the engine warps them (temperature, top-k, top-p). Also kept per start: H(p_1),
-TV(p_1, q_1) and p_1(argmax q_1) (the entropy law and the RS-beats-TO share) and, per depth along the RS
-chain, the draft diagnostics' fields (bebop.mtp.diagnostics.row_diagnostics).
+TV(p_1, q_1) and p_1(argmax q_1) (the entropy law and the RS-beats-TO share, expectations over the next token)
+and, per depth along the RS chain, the draft diagnostics' fields (bebop.mtp.draft_stats.row_diagnostics)
+weighted by the reach before that depth.
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ def expected_chains(model: CausalLM, sequences: Sequence[tuple[Sequence[int], Se
     for idx in _batches(starts, batch_size, shared):
         prefixes = [full[starts[j].seq][: starts[j].length] for j in idx]
         opened = _open_shared(model, prefixes, depth) if shared else _open_ragged(model, prefixes, depth, pad_id)
-        rows = _chain_batch(model, opened, depth, sampling, generator)
+        realised = _realised(full, [starts[j] for j in idx], depth, model.device)  # (B, D)
+        rows = _chain_batch(model, opened, realised, sampling, generator)
         diag_sum += rows["diag_sum"]
         diag_weight += rows["diag_weight"]
         for name, column in columns.items():
@@ -164,12 +168,22 @@ def _open_shared(model: CausalLM, prefixes: list[list[int]], depth: int) -> _Ope
     return _Opened(cache, mtp_cache, hidden[0, lengths - 1], head_out[0, lengths - 2])
 
 
-def _chain_batch(model: CausalLM, opened: _Opened, depth: int, sampling: SamplingParams,
+def _realised(full: list[list[int]], starts: list[_Start], depth: int, device: torch.device) -> torch.Tensor:
+    """The tokens that followed each start in its sequence, depth by depth: (B, D), -1 past the sequence's end."""
+    out = torch.full((len(starts), depth), -1, dtype=torch.long)
+    for b, st in enumerate(starts):
+        after = full[st.seq][st.length: st.length + depth]
+        out[b, : len(after)] = torch.tensor(after, dtype=torch.long)
+    return out.to(device)
+
+
+def _chain_batch(model: CausalLM, opened: _Opened, realised: torch.Tensor, sampling: SamplingParams,
                  generator: torch.Generator | None) -> dict:
-    """One batch of B starts, opened: the RS chains on rows 0..B-1, the TO chains on rows B..2B-1."""
+    """One batch of B starts, opened: the RS chains on rows 0..B-1, the TO chains on rows B..2B-1, each along the
+    sequence's own tokens `realised` (B, D) while it lasts and along the head's law of an accepted draft after it."""
     device = model.device
     cache, mtp_cache, h_trunk, h_head = opened.cache, opened.mtp_cache, opened.h_trunk, opened.h_head
-    b = len(h_trunk) // 2
+    b, depth = realised.shape
     mtp = model.require_mtp()
     reach = torch.ones(2 * b, dtype=torch.float64, device=device)
     rs_reach, to_reach, first = [], [], {}
@@ -189,14 +203,35 @@ def _chain_batch(model: CausalLM, opened: _Opened, depth: int, sampling: Samplin
         diag_weight[d - 1] += weight.sum()
         if d == 1:
             first = {"entropy_1": entropy(p[:b]), "tv_1": 1 - alpha_rs, "to_1": alpha_to}
-        reach = reach * torch.cat([alpha_rs, alpha_to]).double()
+        x = realised[:, d - 1]  # (B,) the token that followed, -1 past the end
+        seen = x >= 0
+        ratio_rs, ratio_to = realised_ratios(p[:b], q[:b], guess, x.clamp_min(0))
+        reach = reach * torch.cat([torch.where(seen, ratio_rs, alpha_rs),
+                                   torch.where(seen, ratio_to, alpha_to)]).double()
         rs_reach.append(reach[:b])
         to_reach.append(reach[b:])
         if d == depth:
             break
         accepted = torch.where(alpha_rs[:, None] > 0, overlap, p[:b])  # unreachable rows: any token
-        y = torch.cat([sample(accepted / accepted.sum(-1, keepdim=True), generator), guess])  # (2B,)
+        drawn = sample(accepted / accepted.sum(-1, keepdim=True), generator)  # (B,) an accepted draft's law
+        y = torch.cat([torch.where(seen, x, drawn), torch.where(seen, x, guess)])  # (2B,)
         h_trunk = model(y[:, None], cache, ones)[:, 0]  # (2B, H)
         h_head = mtp(h_head[:, None], model.embed(y[:, None]), d + 1, mtp_cache, ones)[:, 0]  # (2B, H)
     return {"rs_reach": torch.stack(rs_reach, 1).cpu(), "to_reach": torch.stack(to_reach, 1).cpu(),
             **{k: v.cpu() for k, v in first.items()}, "diag_sum": diag_sum, "diag_weight": diag_weight}
+
+
+def realised_ratios(target_probs: torch.Tensor, draft_probs: torch.Tensor, guess: torch.Tensor,
+                    token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """P(the draft at this depth is accepted | the token that followed is `token`), per row, under RS and TO.
+
+    target_probs, draft_probs (B, V); guess (B,) TO's draft (argmax q); token (B,) the realised token x.
+    RS: min(p, q)(x) / p(x) (an accepted draft is distributed as min(p, q), a rejection emits (p - q)+, and
+    min(p, q) + (p - q)+ = p); TO: [x == guess]. A token the target gives no mass cannot have come from this
+    engine: it counts as a rejection. -> (B,), (B,)"""
+    p_x = target_probs.gather(-1, token[:, None])[:, 0]  # (B,)
+    q_x = draft_probs.gather(-1, token[:, None])[:, 0]  # (B,)
+    possible = p_x > 0
+    rs = torch.where(possible, torch.minimum(p_x, q_x) / p_x.clamp_min(1e-38), torch.zeros_like(p_x))
+    to = (possible & (guess == token)).to(p_x.dtype)
+    return rs, to

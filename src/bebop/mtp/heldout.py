@@ -5,10 +5,11 @@ measure and the patience rule's (`bebop mtp train --held-out N --eval-every S --
     m["rs"]["rate"], m["rs"]["low"], m["rs"]["high"]   # accepted / drafted tokens at K (vLLM's definition)
     m["to"]["mean_acceptance_length"]                   # 1 + accepted / steps
 
-The head's own draft chains at every drafting start (bebop.mtp.exact), the starts weighted by where a
-speculative run's steps start (the renewal of bebop.mtp.diagnose); intervals are 95% normal intervals
-with the sequences as clusters. With a few thousand positions one standard error is a few tenths of a
-point, against about 1 point for ~2,000 sampled drafts (the sampled measure, bebop.mtp.evaluate).
+The head's draft chains along the held-out sequences' own tokens at every drafting start (bebop.mtp.exact;
+the sequences are the policy's samples at the measured temperature), the starts weighted by where a speculative
+run's steps start given those tokens (the renewal of bebop.mtp.diagnose, docs/method.md section 8);
+intervals are 95% normal intervals with the sequences as clusters. With a few thousand positions one
+standard error is a few tenths of a point, against about 1 point for ~2,000 sampled drafts (the sampled measure, bebop.mtp.evaluate).
 """
 
 from __future__ import annotations
