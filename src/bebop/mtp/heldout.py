@@ -9,7 +9,8 @@ The head's draft chains along the held-out sequences' own tokens at every drafti
 the sequences are the policy's samples at the measured temperature), the starts weighted by where a speculative
 run's steps start given those tokens (the renewal of bebop.mtp.diagnose, docs/method.md section 8);
 intervals are 95% normal intervals with the sequences as clusters. With a few thousand positions one
-standard error is a few tenths of a point, against about 1 point for ~2,000 sampled drafts (the sampled measure, bebop.mtp.evaluate).
+standard error is a few tenths of a point, against about 1 point for ~2,000 sampled drafts (the sampled
+measure, bebop.mtp.evaluate).
 """
 
 from __future__ import annotations
