@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from bebop.cli import main
 from bebop.engine import generate
@@ -119,3 +120,20 @@ def test_unknown_or_abbreviated_flags_are_refused_with_the_commands_usage(argv, 
     code, err = _cli(capsys, *argv)
     assert code == 2 and err[0].startswith(usage) and "Traceback" not in "\n".join(err), err
     assert err[-1].startswith(f"{usage[len('usage: '):]}: error: unrecognized arguments: --"), err
+
+
+def test_a_training_state_that_is_not_a_checkpoint_is_named(model_dir, capsys):
+    """sft --resume over a planted train_state.pt that is text, not a torch checkpoint."""
+    (model_dir / "train_state.pt").write_text("hello\n")
+    before = _snapshot(model_dir)
+    line = _refused(*_cli(capsys, "sft", "--task", "math", "--out", model_dir, "--resume", "--steps", "2"))
+    assert "train_state.pt" in line and "not a torch checkpoint" in line and "ValueError" not in line
+    assert _snapshot(model_dir) == before
+
+
+def test_a_truncated_training_state_is_named(model_dir, capsys):
+    torch.save({"step": 3, "weights": torch.zeros(1000)}, model_dir / "train_state.pt")
+    data = (model_dir / "train_state.pt").read_bytes()
+    (model_dir / "train_state.pt").write_bytes(data[: len(data) // 2])
+    line = _refused(*_cli(capsys, "sft", "--task", "math", "--out", model_dir, "--resume", "--steps", "2"))
+    assert f"{model_dir / 'train_state.pt'}" in line and "cut short" in line.split("train_state.pt", 1)[1]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +86,7 @@ def load_train_state(directory: str | os.PathLike, name: str = STATE_FILE, *,
     try:
         needs = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
     except Exception as exc:  # a truncated or foreign file
-        raise BebopError(f"corrupt training state {path}: {type(exc).__name__}") from None
+        raise BebopError(f"corrupt training state {path}: {_unreadable(path, exc)}") from None
     if not needs <= set(LEGACY_NUMPY):
         raise BebopError(f"refusing to load {path}: it holds objects that are not plain data "
                          f"({', '.join(sorted(needs - set(LEGACY_NUMPY)))}); a state bebop writes holds tensors and "
@@ -95,6 +96,18 @@ def load_train_state(directory: str | os.PathLike, name: str = STATE_FILE, *,
             return torch.load(path, weights_only=True, map_location=map_location)
     except Exception as exc:  # a truncated file, or a pickle that still asks for more
         raise BebopError(f"corrupt training state {path}: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _unreadable(path: Path, exc: Exception) -> str:
+    """What is wrong with a state file torch cannot open, in words a user can act on."""
+    data = path.read_bytes()
+    if not data:
+        return "the file is empty"
+    if not data.startswith(b"PK\x03\x04"):
+        return f"not a torch checkpoint (torch.save writes a zip archive; this file begins {data[:16]!r})"
+    if not zipfile.is_zipfile(path):
+        return f"a zip archive cut short at {len(data)} bytes (an interrupted write or copy)"
+    return f"a zip archive torch cannot read ({type(exc).__name__}: {str(exc)[:160]})"
 
 
 def _legacy_numpy_globals() -> list:
