@@ -300,3 +300,16 @@ def test_a_hybrid_is_diagnosed(tmp_path):
     assert report["positions"] == 2 * (len(response) - 1)
     # depths no realised token reaches (TO whose argmax missed every next token) have no acceptance: None
     assert all(a is None or 0.0 <= a <= 1.0 for a in report["rs_acceptance_per_depth"] + report["to_acceptance_per_depth"])
+
+
+def test_the_entropy_law_resamples_whole_sequences(policy, monkeypatch):
+    """Each depth-1 record handed to the entropy law names its sequence, so its intervals resample sequences."""
+    from bebop.mtp import diagnose as diagnose_module
+
+    seen = []
+    real = diagnose_module.per_token_law
+    monkeypatch.setattr(diagnose_module, "per_token_law", lambda log, **kw: seen.append(log) or real(log, **kw))
+    prompt = ids_of(PROMPTS[:1])[0]
+    pairs = [RolloutIds(0, prompt, [5, 9, 12, 7]), RolloutIds(1, prompt, [6, 8, 3])]
+    diagnose(policy, pairs, k=2, sampling=SamplingParams(1.0), progress=False)
+    assert seen and all([record[3] for record in log] == [0, 0, 0, 1, 1] for log in seen)

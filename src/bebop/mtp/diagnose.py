@@ -21,7 +21,6 @@ and the draft diagnostics per depth along the RS chains (KL, H(q) - H(p), the al
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,7 +33,8 @@ from bebop.mtp.rollout_files import RolloutIds
 from bebop.policy import Policy
 from bebop.progress import bar as progress_bar
 from bebop.sampling import SamplingParams
-from bebop.study.entropy_bins import Z95, acceptance_slope, per_token_law
+from bebop.study.entropy_bins import acceptance_slope, per_token_law
+from bebop.study.intervals import Z95, cluster_ratio_se
 
 MAX_REPORTED_K = 8
 
@@ -62,10 +62,9 @@ def ratio_interval(num: np.ndarray, den: np.ndarray) -> dict:
     if total <= 0:
         return {"value": None, "low": None, "high": None}
     value = float(num.sum()) / total
-    n = len(num)
-    if n < 2:
+    se = cluster_ratio_se(num, den)
+    if se is None:
         return {"value": value, "low": None, "high": None}
-    se = math.sqrt(float(((num - value * den) ** 2).sum()) / (n * (n - 1))) / (total / n)
     return {"value": value, "low": value - Z95 * se, "high": value + Z95 * se}
 
 
@@ -135,7 +134,8 @@ def change_split(base: Chains, new: Chains) -> dict:
     out: dict = {"entropy_base": float(h_base.mean()), "entropy_new": float(h_new.mean())}
     for mode in ("rs", "to"):
         a_base, a_new = _depth_one(base, mode), _depth_one(new, mode)
-        log = [(1, float(h), float(a)) for h, a in zip(torch.cat([h_base, h_new]), torch.cat([a_base, a_new]))]
+        log = [(1, float(h), float(a), seq) for h, a, seq in zip(torch.cat([h_base, h_new]), torch.cat([a_base, a_new]),
+                                                                  _sequence_ids(base) + _sequence_ids(new, len(base.entropy_1)))]
         fit = acceptance_slope(log, depth=1)
         change = float(a_new.mean() - a_base.mean())
         explained = fit["slope"] * (out["entropy_new"] - out["entropy_base"])
@@ -143,6 +143,11 @@ def change_split(base: Chains, new: Chains) -> dict:
                      "change": change, "entropy_part": explained, "mismatch_part": change - explained,
                      "slope": fit["slope"], "slope_interval": [fit["low"], fit["high"]]}
     return out
+
+
+def _sequence_ids(chains: Chains, first: int = 0) -> list[int]:
+    """Each start's sequence (from `first`): the clusters of the entropy law's intervals."""
+    return [first + i for i, starts in enumerate(chains.entropy_1) for _ in range(len(starts))]
 
 
 def _depth_one(chains: Chains, mode: str) -> torch.Tensor:
@@ -175,7 +180,7 @@ def summarise(chains: Chains, k: int, sampling: SamplingParams, entropy_bins: in
         "draft_diagnostics": _diagnostics(chains, k),
     }
     for mode in ("rs", "to"):
-        log = [(1, float(h), float(a)) for h, a in zip(ent, _depth_one(chains, mode))]
+        log = [(1, float(h), float(a), seq) for h, a, seq in zip(ent, _depth_one(chains, mode), _sequence_ids(chains))]
         report[f"{mode}_entropy_law"] = per_token_law(log, depths=1, bins=entropy_bins)
     return report
 
