@@ -21,13 +21,15 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model directory (config.json, safetensors, tokenizer.json)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="JSONL file with a 'prompt' key per row")
-    p.add_argument("--max-new-tokens", type=int, required=True)
+    p.add_argument("--max-new-tokens", type=int, required=True,
+                   help="the most new tokens per prompt (fewer where the model's context ends first: finish_reason "
+                        "'context')")
     p.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at the stop tokens: every row runs to --max-new-tokens (vLLM's ignore_eos; for "
                         "benchmarks with uniform lengths)")
     add_sampling_args(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0, help="seeds the sampling")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per engine call")
     p.add_argument("--out", help="write JSONL here instead of stdout")
     add_spec_args(p)
     p.add_argument("--metrics-out", help="write the metrics here (else stderr): throughput, and with --spec "

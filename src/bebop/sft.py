@@ -45,7 +45,7 @@ from bebop.model.checkpoint import release_dtype, save_model
 from bebop.policy import Policy, load_policy
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
 from bebop.progress import bar as progress_bar
-from bebop.tasks import Problem, Task, get_task
+from bebop.tasks import TASK_LIST, Problem, Task, get_task
 from bebop.tasks.dataset_task import COMPLETIONS, DatasetTask, load_dataset_task, run_task
 from bebop.tokenizer import TextCodec, copy_tokenizer_files
 from bebop.train_state import (
@@ -68,7 +68,7 @@ DEFAULT_STEPS = {"math": 600, "code": 450, "agent": 500, "mix": 650}
 
 @dataclass(frozen=True)
 class SFTConfig:
-    task: str = opt("math", "math, code, agent or mix (or --data FILE)")
+    task: str = opt("math", f"{TASK_LIST} (or --data FILE)")
     data: str = opt("", "your own (prompt, completion) rows: JSONL or parquet, TRL's or verl's layout")
     model: str = opt("", "start from this model directory (a Hugging Face Qwen3, say) instead of a fresh "
                      "embedded default")
@@ -76,7 +76,8 @@ class SFTConfig:
                      "and AdamW state)", choices=TRAIN_DTYPES)
     chat_template_kwargs: str = opt("", "extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' "
                                     "turns Qwen3's thinking off")
-    steps: int = opt(600, "optimizer steps (the command's default is per task: DEFAULT_STEPS)")
+    steps: int = opt(600, "optimizer steps (default: per task, " + ", ".join(f"{t} {n}" for t, n in DEFAULT_STEPS.items())
+                     + "; 600 otherwise)")
     batch_size: int = opt(32, "sequences per step")
     lr: float = opt(3e-3, "peak learning rate (linear warm-up, cosine decay)")
     warmup: int = opt(30, "warm-up steps")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bebop.errors import BebopError
+from bebop.fields import parse_switch
 
 SIMPLE_TYPES = {int: int, float: float, str: str}
 
@@ -61,13 +62,22 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, *, required: tuple[st
     defaults = cls()
     for field, parse in flag_fields(cls):
         help_text = field.metadata.get("help", "")
-        shown = "required" if field.name in required else f"default: {getattr(defaults, field.name)!r}"
+        if field.name in required:
+            help_text += " (required)"
+        elif "(default:" not in help_text:  # a help that says its default in words keeps its words
+            help_text += f" (default: {_shown(field, getattr(defaults, field.name))})"
         parser.add_argument(_flag(field.name), type=parse, default=argparse.SUPPRESS,
-                            choices=field.metadata.get("choices"),
-                            help=f"{help_text} ({shown})".replace("%", "%%").lstrip())
+                            choices=field.metadata.get("choices"), help=help_text.replace("%", "%%").lstrip())
     parser.add_argument("--config", type=Path, default=None,
                         help="a TOML or JSON file of these settings (keys = flag names); flags override it")
     parser.set_defaults(_config_class=cls, _required=required)
+
+
+def _shown(field: dataclasses.Field, value: Any) -> str:
+    """A default as a user would type it: on/off for a switch."""
+    if field.metadata.get("parse") is parse_switch:
+        return "on" if value else "off"
+    return repr(value)
 
 
 def read_config_file(path: Path, cls) -> dict[str, Any]:

@@ -18,22 +18,23 @@ from bebop.policy import load_policy
 from bebop.progress import bar as progress_bar
 from bebop.rollout import run_episodes, summarize
 from bebop.sampling import SamplingParams
+from bebop.tasks import TASK_LIST
 from bebop.tasks.dataset_task import DatasetTask, run_task
 
 
 def add_parser(sub: argparse._SubParsersAction, add_device_args) -> None:
     p = sub.add_parser("eval", help="pass rate and entropy on a task's test problems")
-    p.add_argument("--model", required=True)
-    p.add_argument("--task", help="math, code, agent or mix (or --data FILE)")
+    p.add_argument("--model", required=True, help="the policy's model directory")
+    p.add_argument("--task", help=f"{TASK_LIST} (or --data FILE)")
     p.add_argument("--data", help="a JSONL or parquet file of prompts (verl or TRL rows), each scored once")
     p.add_argument("--reward", default="", help="with --data: math, module:function or path/to/file.py:function "
                                                 "(default: by each row's data_source)")
     p.add_argument("--n", type=int, default=200, help="number of test problems (with --data: at most)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=384)
-    p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--difficulty", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the test problems and the sampling")
+    p.add_argument("--max-new-tokens", type=int, default=384, help="per response")
+    p.add_argument("--batch-size", type=int, default=100, help="problems per engine call")
+    p.add_argument("--difficulty", type=int, default=1, help="task difficulty 1 (easiest) .. 3")
     add_device_args(p)
     add_chat_args(p)
     add_progress_args(p)

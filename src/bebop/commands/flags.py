@@ -19,8 +19,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 def add_spec_args(p: argparse.ArgumentParser, spec: str = "off", k: int | str = 3) -> None:
     p.add_argument("--spec", choices=("off", "to", "rs"), default=spec,
                    help="speculative decoding with the model's MTP head: target-only or rejection sampling")
-    p.add_argument("--k", default=str(k), help="drafts per step (1..8), or 'auto': each step verifies the number "
-                                               "that maximises expected tokens per second (0 = a plain step)")
+    p.add_argument("--k", default=str(k), help="drafts per step (1..8), or 'auto': each step verifies the number, "
+                                               "0 to --max-k, that maximises expected tokens per second")
     p.add_argument("--max-k", type=int, default=6, help="with --k auto: the most drafts a step may verify (1..8)")
 
 

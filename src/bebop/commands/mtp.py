@@ -16,6 +16,7 @@ from bebop.dist.world import World, env_world
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
 from bebop.policy import load_policy
+from bebop.tasks import TASK_LIST
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
@@ -43,8 +44,8 @@ def _add_export(mtp_sub) -> None:
     from bebop.mtp.export import ENGINES
 
     p = mtp_sub.add_parser("export", help="write the model with its head as vLLM's or SGLang's MTP loader reads it")
-    p.add_argument("--model", required=True)
-    p.add_argument("--engine", required=True, choices=ENGINES)
+    p.add_argument("--model", required=True, help="the model directory with its MTP head")
+    p.add_argument("--engine", required=True, choices=ENGINES, help="the engine whose MTP loader reads the output")
     add_out_dir(p, "the model directory to write")
     p.add_argument("--k", type=int, default=3, help="drafts per step in the printed launch settings")
     p.set_defaults(func=run_export)
@@ -63,18 +64,19 @@ def _add_diagnose(mtp_sub) -> None:
     p.add_argument("--rollouts", required=True, help="JSONL (or a JSON list): token ids as verl, vLLM, SGLang or "
                                                      "bebop dump them, or prompt/completion text")
     p.add_argument("--k", type=int, default=3, help="drafts per step for the per-depth numbers (1..8)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=1.0, help="the target's temperature (the rollouts' sampling)")
+    p.add_argument("--top-k", type=int, default=0, help="the target's top-k (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="the target's top-p (1.0 = off)")
     p.add_argument("--seed", type=int, default=0, help="seeds the RS chains' sampling")
-    p.add_argument("--entropy-bins", type=int, default=10)
+    p.add_argument("--entropy-bins", type=int, default=10,
+                   help="quantile bins of the target's entropy for the acceptance-vs-entropy law")
     p.add_argument("--batch-size", type=int, default=64, help="drafting positions per forward")
     p.add_argument("--baseline", help="a second rollout file (for example RL step 0's; --rollouts step N's): split the "
                                       "change in acceptance into its entropy part and the mismatch remainder")
     p.add_argument("--engine-metrics", help="the engine's own counters as JSON (vLLM's spec_decode_* or SGLang's "
                                             "accept_length), compared with the acceptance the head allows")
     add_out_dir(p, "directory for diagnosis.json and diagnosis.md (default: ROLLOUTS.diagnosis/)", required=False)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     add_progress_args(p)
     p.set_defaults(func=run_diagnose)
 
@@ -114,7 +116,7 @@ def _add_study(mtp_sub) -> None:
     p = mtp_sub.add_parser("study", help="train heads with each loss to convergence and compare their acceptance "
                                          "per temperature and head size (docs/results/loss-study.md)")
     p.add_argument("--model", required=True, help="the policy (its head, if any, is ignored)")
-    p.add_argument("--task", default=d.task)
+    p.add_argument("--task", default=d.task, help=f"whose prompts the heads are trained and measured on: {TASK_LIST}")
     add_out_dir(p, "the study's directory: heads, caches, loss_table.json (finished cells are reused)")
     p.add_argument("--losses", default=",".join(d.losses), help="comma-separated, ce among them (the reference)")
     p.add_argument("--temperatures", default=",".join(map(str, d.temperatures)),
@@ -128,10 +130,10 @@ def _add_study(mtp_sub) -> None:
     p.add_argument("--patience", type=int, default=d.patience,
                    help="stop a head after this many held-out measures without improvement (0: train to the cap)")
     p.add_argument("--held-out", type=int, default=d.held_out, help="self-distilled samples held out")
-    p.add_argument("--depths", type=int, default=d.depths)
-    p.add_argument("--k", type=int, default=d.k)
+    p.add_argument("--depths", type=int, default=d.depths, help="chain depths each head trains")
+    p.add_argument("--k", type=int, default=d.k, help="drafts per step of the measures")
     p.add_argument("--n", type=int, default=d.n_eval, help="test prompts for the measures")
-    p.add_argument("--num-samples", type=int, default=d.num_samples)
+    p.add_argument("--num-samples", type=int, default=d.num_samples, help="self-distillation samples per temperature")
     p.add_argument("--ce-warmup", type=float, default=d.ce_warmup,
                    help="share of the cap the non-ce heads first train with ce (0 = from scratch)")
     p.add_argument("--no-sampled", action="store_true", help="the exact measure only (no speculative generation)")
@@ -167,10 +169,10 @@ def _add_train(mtp_sub) -> None:
     from bebop.mtp.train import MTPTrainConfig
 
     p = mtp_sub.add_parser("train", help="train the MTP head on the policy's own samples (trunk frozen)")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="the policy with its MTP head (bebop mtp init adds one)")
     add_config_flags(p, MTPTrainConfig)
     add_out_dir(p, "write the trained model here (default: into --model)", required=False)
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--resume", action="store_true", help="continue the run in OUT (--out, else --model)")
     add_log_args(p, run_dir="OUT (--out, else --model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (not part of the run: resume anywhere)")
     p.add_argument("--vllm-python", default="", help=VLLM_PYTHON_HELP)
@@ -198,14 +200,15 @@ def run_train(args: argparse.Namespace) -> None:
 
 def _add_eval(mtp_sub) -> None:
     p = mtp_sub.add_parser("eval", help="acceptance under RS and TO at K, across temperatures")
-    p.add_argument("--model", required=True)
-    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--model", required=True, help="the policy with its MTP head")
+    p.add_argument("--k", type=int, default=3, help="drafts per step (1..8)")
     p.add_argument("--temperatures", default="0.3,0.7,1.0", help="comma-separated")
-    p.add_argument("--mode", choices=("rs", "to", "both"), default="both")
-    p.add_argument("--task", default="math")
+    p.add_argument("--mode", choices=("rs", "to", "both"), default="both",
+                   help="the acceptance rule: rejection sampling, target-only, or both")
+    p.add_argument("--task", default="math", help=f"whose test problems are decoded: {TASK_LIST}")
     p.add_argument("--n", type=int, default=64, help="test problems per point")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=192)
+    p.add_argument("--seed", type=int, default=0, help="seeds the test problems and the sampling")
+    p.add_argument("--max-new-tokens", type=int, default=192, help="per completion")
     p.add_argument("--diagnostics", type=int, default=0, metavar="N",
                    help="also the draft-vs-target diagnostics per depth (KL, entropy gap, acceptance split) on N "
                         "of the policy's own test completions per temperature (0 = off)")

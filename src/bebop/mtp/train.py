@@ -49,6 +49,7 @@ from bebop.mtp.rollout_files import read_rollouts
 from bebop.policy import Policy, load_policy, resolve_device
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
 from bebop.progress import bar as progress_bar
+from bebop.tasks import TASK_LIST
 from bebop.tasks.dataset_task import COMPLETIONS, PROMPTS, run_task
 from bebop.tokenizer import copy_tokenizer_files
 from bebop.train_state import (
@@ -77,7 +78,7 @@ class MTPTrainConfig:
     batch_size: int = opt(16, "sequences per step")
     temperature: float = opt(1.0, "sampling and target temperature")
     seed: int = opt(0, "seeds the data and the order")
-    task: str = opt("math", "task whose train prompts feed self-distillation (or --data FILE)")
+    task: str = opt("math", f"task whose train prompts feed self-distillation: {TASK_LIST} (or --data FILE)")
     data: str = opt("", "your own prompts for self-distillation: a JSONL or parquet file (verl or TRL rows)")
     chat_template_kwargs: str = opt("", "extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' "
                                     "turns Qwen3's thinking off")

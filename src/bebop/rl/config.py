@@ -13,7 +13,7 @@ from bebop.errors import BebopError
 from bebop.fields import opt, parse_switch
 from bebop.precision import DTYPES, TRAIN_DTYPES, check_train_dtype
 from bebop.sampling import SamplingParams
-from bebop.tasks import get_task
+from bebop.tasks import TASK_LIST, get_task
 from bebop.vllm import ENGINES
 
 MODES = ("sync", "async")
@@ -25,7 +25,7 @@ BACKENDS = ("local", "ray")
 @dataclass(frozen=True)
 class RLConfig:
     model: str = opt("", "the starting policy directory, with an MTP head for --spec (also the KL reference)")
-    task: str = opt("math", "math, code, agent or mix (or --data FILE)")
+    task: str = opt("math", f"{TASK_LIST} (or --data FILE)")
     data: str = opt("", "your own prompts: a JSONL or parquet file in verl's or TRL's layout, instead of --task")
     reward: str = opt("", "with --data: math, module:function or path/to/file.py:function, called as "
                       "fn(data_source, solution_str, ground_truth, extra_info) (default: by each row's data_source)")
@@ -83,8 +83,9 @@ class RLConfig:
     compile: str = opt("auto", "compile the decoding steps with torch.compile: on, off, or auto (only a run long "
                        "enough to pay for compiling); changes how fast rollouts run, not what they are, so a run "
                        "may resume with another", choices=COMPILE_CHOICES, identity=False)
-    engine: str = opt("bebop", "the rollout engine: bebop's own, or vLLM in a worker process bebop owns (sync mode; "
-                      "docs/vllm.md); the weights, trunk and head, reach it every step", choices=ENGINES, identity=False)
+    engine: str = opt("bebop", "the rollout engine: bebop's own, or vLLM in a worker process bebop owns, sync or async "
+                      "(docs/vllm.md); the weights, trunk and head, reach it as they update", choices=ENGINES,
+                      identity=False)
     vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this "
                            "one; bash scripts/install_vllm_cpu.sh makes one)", identity=False)
     dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",

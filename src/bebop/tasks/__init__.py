@@ -19,6 +19,7 @@ from bebop.tasks.mix import MixTask
 from bebop.tasks.pick_task import PickTask
 
 TASK_NAMES: tuple[str, ...] = ("math", "code", "agent", "mix", "pick")
+TASK_LIST = f"{', '.join(TASK_NAMES[:-1])} or {TASK_NAMES[-1]}"  # what every --task help names
 MIX_PARTS = ("math", "code", "agent")
 _GENERATED: dict[str, Callable[[int], Task]] = {"math": MathTask, "code": CodeTask, "agent": AgentTask,
                                                "pick": PickTask}
@@ -32,8 +33,8 @@ def get_task(name: str, difficulty: int = DEFAULT_DIFFICULTY) -> Task:
         return MixTask(MIX_PARTS, lambda part: get_task(part, difficulty))
     if name == DATASET_TASK:
         return DatasetMathTask()
-    known = ", ".join(TASK_NAMES + (DATASET_TASK,))
+    known = ", ".join(TASK_NAMES)  # the tasks a user names; DATASET_TASK scores --data rows
     raise BebopError(f"unknown task {name!r}; known tasks: {known}")
 
 
-__all__ = ["TASK_NAMES", "DATASET_TASK", "Problem", "Task", "get_task"]
+__all__ = ["TASK_LIST", "TASK_NAMES", "DATASET_TASK", "Problem", "Task", "get_task"]

@@ -15,9 +15,11 @@ import random
 import sys
 
 from bebop.jsonl import read_numbered
-from bebop.tasks import get_task
+from bebop.tasks import DATASET_TASK, TASK_LIST, get_task
 from bebop.tasks.base import DEFAULT_DIFFICULTY, DIFFICULTIES, SPLITS, Problem
 from bebop.tasks.data_files import require
+
+DIFFICULTY_HELP = "1 (easiest) .. 3"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,17 +27,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = parser.add_subparsers(dest="tasks_command", required=True)
 
     sample = commands.add_parser("sample", help="problems with reference completions, as JSONL")
-    sample.add_argument("--task", required=True)
-    sample.add_argument("--n", type=int, required=True)
-    sample.add_argument("--seed", type=int, default=0)
-    sample.add_argument("--split", choices=SPLITS, default="train")
-    sample.add_argument("--difficulty", type=int, choices=DIFFICULTIES, default=DEFAULT_DIFFICULTY)
+    sample.add_argument("--task", required=True, help=TASK_LIST)
+    sample.add_argument("--n", type=int, required=True, help="how many problems")
+    sample.add_argument("--seed", type=int, default=0, help="seeds the problems and their references")
+    sample.add_argument("--split", choices=SPLITS, default="train", help="the train or the test problems (disjoint)")
+    sample.add_argument("--difficulty", type=int, choices=DIFFICULTIES, default=DEFAULT_DIFFICULTY,
+                        help=DIFFICULTY_HELP)
     sample.set_defaults(func=cmd_sample)
 
     score = commands.add_parser("score", help="add a reward to each row of a JSONL file")
-    score.add_argument("--task", required=True)
-    score.add_argument("--difficulty", type=int, choices=DIFFICULTIES, default=DEFAULT_DIFFICULTY)
-    score.add_argument("file")
+    score.add_argument("--task", required=True,
+                       help=f"{TASK_LIST}, or {DATASET_TASK} (a math answer checked by math-verify)")
+    score.add_argument("--difficulty", type=int, choices=DIFFICULTIES, default=DEFAULT_DIFFICULTY, help=DIFFICULTY_HELP)
+    score.add_argument("file", help="JSONL rows with prompt, completion and ground_truth (and task, for mix)")
     score.set_defaults(func=cmd_score)
 
 
