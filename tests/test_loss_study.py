@@ -120,6 +120,14 @@ def test_the_study_pairs_losses_per_seed_in_each_cell_and_reuses_its_heads(heade
     monkeypatch.setattr("bebop.study.loss_study.expected_acceptance", forbidden)
     assert run_loss_study(headed_model, tmp_path / "study", spec, progress=False)["cells"] == results["cells"]
     assert main(["report", str(tmp_path / "study" / "loss_table.json")]) == 0
+    # a measure cached under another estimator is measured again; the heads are not retrained
+    measured = []
+    monkeypatch.setattr("bebop.study.loss_study.ESTIMATOR", "another")
+    monkeypatch.setattr("bebop.study.loss_study.expected_acceptance", lambda *a, **k: measured.append(1) or
+                        {"positions": 1, **{m: {"rate": 0.5, "low": 0.4, "high": 0.6, "mean_acceptance_length": 2.0,
+                                                "per_depth": [0.5, 0.5]} for m in ("rs", "to")}})
+    run_loss_study(headed_model, tmp_path / "study", spec, progress=False)
+    assert len(measured) == len(results["runs"])
 
 
 def test_aggregate_and_equal_compute_on_a_worked_case():

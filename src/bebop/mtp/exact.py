@@ -72,6 +72,7 @@ def drafting_starts(sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) ->
 
 
 COLUMNS = ("rs_reach", "to_reach", "entropy_1", "tv_1", "to_1")  # Chains' per-start fields
+ESTIMATOR = "realised-tokens"  # how the chains weigh a start: part of every cached measure's key
 
 
 @torch.inference_mode()

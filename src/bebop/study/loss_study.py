@@ -35,6 +35,7 @@ from bebop.jsonl import read_jsonl
 from bebop.model.config import read_config
 from bebop.mtp.data import Sequence, load_sequences, sample_sequences, save_sequences
 from bebop.mtp.evaluate import evaluate_mtp
+from bebop.mtp.exact import ESTIMATOR
 from bebop.mtp.heldout import expected_acceptance
 from bebop.mtp.train import METRICS_FILE, STATE_FILE, MTPTrainConfig, saved_config, train_mtp
 from bebop.policy import load_policy
@@ -165,7 +166,7 @@ def one_head(policy_dir: Path, out: Path, spec: StudySpec, loss: str, seed: int,
         train_mtp(out / "init", cfg, out=head_dir, progress=progress, data_cache=out / "mtp_data",
                   resume=done is False, device="cpu")
     key = {"k": spec.k, "n_eval": spec.n_eval, "sampled": spec.sampled, "temperature": temperature,
-           "test_seed": TEST_SEED, "config": asdict(cfg)}
+           "test_seed": TEST_SEED, "config": asdict(cfg), "estimator": ESTIMATOR}
     saved = head_dir / "study_eval.json"
     cached = json.loads(saved.read_text()) if done and saved.is_file() else {}
     if cached.get("key") == key:
