@@ -1,8 +1,12 @@
-"""The README's commands run: the Quickstart's test command is verbatim in .ci/run, and the worked example of
-'Your own model and data' runs as written (shrunk by appended flags)."""
+"""The README's commands run: its first run as written, through the shell; the Quickstart's test command is
+verbatim in .ci/run; and the worked example of 'Your own model and data' runs as written (shrunk by appended
+flags)."""
 
 import json
+import os
 import shlex
+import subprocess
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -28,11 +32,44 @@ def test_quickstart_has_two_commands_and_ci_runs_the_test_one():
     assert commands[1] in ci_lines
 
 
-def _section_commands(title: str) -> list[list[str]]:
-    """The `bebop ...` command lines of a README section's code blocks, split as a shell would."""
+def _section_lines(title: str) -> list[str]:
+    """The `bebop ...` command lines of a README section's code blocks, as written."""
     text = (ROOT / "README.md").read_text()
     section = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
-    return [shlex.split(line.strip()) for line in section.splitlines() if line.startswith("    bebop ")]
+    return [line.strip() for line in section.splitlines() if line.startswith("    bebop ")]
+
+
+def _section_commands(title: str) -> list[list[str]]:
+    """The `bebop ...` command lines of a README section's code blocks, split as a shell would."""
+    return [shlex.split(line) for line in _section_lines(title)]
+
+
+def test_a_first_run_runs_as_written(tmp_path):
+    """The first run, each line given to the shell as a user types it, the venv's `bebop` first on PATH: each
+    exits 0; init writes the model directory it promises, mtp init adds a head to it, and the speculative
+    generate prints one row on stdout and its acceptance metrics on stderr. Its install line is the Quickstart's."""
+    from bebop.model import load_model
+
+    install = _quickstart_commands()[0].split(" && .venv/bin/bebop demo")[0]
+    assert f"    {install} && source .venv/bin/activate\n" in (ROOT / "README.md").read_text()
+    lines = _section_lines("A first run")
+    argvs = [shlex.split(line) for line in lines]
+    assert [argv[1] for argv in argvs] == ["init", "mtp", "generate"] and argvs[1][2] == "init", lines
+    assert "--spec rs --k 3" in lines[2]
+    path = f"{sysconfig.get_path('scripts')}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = []
+    for line in lines:
+        done.append(subprocess.run(line, shell=True, cwd=tmp_path, env={**os.environ, "PATH": path},
+                                   capture_output=True, text=True, timeout=300))
+        assert done[-1].returncode == 0, (line, done[-1].stderr)
+    model_dir = tmp_path / argvs[0][argvs[0].index("--out") + 1]
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (model_dir / name).is_file(), name
+    assert load_model(model_dir).mtp is not None
+    rows = [json.loads(line) for line in done[2].stdout.splitlines()]
+    assert len(rows) == 1 and rows[0]["finish_reason"] in ("stop", "length") and rows[0]["token_ids"]
+    metrics = json.loads(done[2].stderr.strip().splitlines()[-1])
+    assert metrics["k"] == 3 and metrics["num_drafts"] > 0 and metrics["k_histogram"]
 
 
 # what shrinks the worked example to seconds: appended flags override the README's (argparse: last wins)
