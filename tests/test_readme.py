@@ -4,6 +4,7 @@ flags)."""
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sysconfig
@@ -70,6 +71,34 @@ def test_a_first_run_runs_as_written(tmp_path):
     assert len(rows) == 1 and rows[0]["finish_reason"] in ("stop", "length") and rows[0]["token_ids"]
     metrics = json.loads(done[2].stderr.strip().splitlines()[-1])
     assert metrics["k"] == 3 and metrics["num_drafts"] > 0 and metrics["k_histogram"]
+
+
+def _layout_entries() -> dict[str, str]:
+    """The Layout block's entries under src/bebop/: the name in each entry's first column -> the entry's text."""
+    block = (ROOT / "README.md").read_text().split("## Layout\n", 1)[1].split("\n    tests/", 1)[0]
+    entries: dict[str, str] = {}
+    name = ""
+    for line in block.splitlines():
+        if line.startswith("      ") and not line.startswith("       "):
+            name, _, text = line.strip().partition("  ")
+            entries[name] = text
+        elif name and line.strip():
+            entries[name] += " " + line.strip()
+    return entries
+
+
+def test_layout_names_every_module_under_src_bebop():
+    """Each module and package of src/bebop has an entry of its own, and each module inside a package is named
+    (as FILE.py) in its package's entry."""
+    package = ROOT / "src" / "bebop"
+    entries = _layout_entries()
+    tops = [f"{p.name}/" if p.is_dir() else p.name for p in package.iterdir()
+            if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()]
+    assert sorted(set(tops) - set(entries)) == []  # no entry
+    assert sorted(set(entries) - set(tops)) == []  # an entry for what is not there
+    unnamed = [str(f.relative_to(package)) for f in package.glob("*/**/*.py") if f.name != "__init__.py"
+               and not re.search(rf"\b{re.escape(f.name)}", entries[f"{f.relative_to(package).parts[0]}/"])]
+    assert unnamed == []
 
 
 # what shrinks the worked example to seconds: appended flags override the README's (argparse: last wins)
