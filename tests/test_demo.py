@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 
 import bebop.study.demo_pipeline as pipeline
 from bebop.cli import main
@@ -177,11 +178,11 @@ def test_every_table_number_is_the_saved_value(demo):
 
 
 def _slope_cell(xs, ys, scale=1.0) -> str:
-    """An independent least-squares slope with its 95% t-interval (numpy; t quantiles by df)."""
+    """An independent least-squares slope with its 95% t-interval (numpy; scipy's t quantiles)."""
     x, y = np.array(xs, dtype=float), np.array(ys, dtype=float)
     slope, intercept = np.polyfit(x, y, 1)
     se = math.sqrt(((y - (intercept + slope * x)) ** 2).sum() / (len(x) - 2) / ((x - x.mean()) ** 2).sum())
-    half = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}[len(x) - 2] * se
+    half = float(scipy.stats.t.ppf(0.975, len(x) - 2)) * se
     cell = lambda v: f"{round(v, 3) + 0.0:+.3f}"  # noqa: E731 -- a value rounding to zero prints +0.000, as the report
     return f"{cell(scale * slope)} [{cell(scale * (slope - half))}, {cell(scale * (slope + half))}]"
 
