@@ -25,7 +25,8 @@ WATCH_STEPS = 3  # the first steps that must all be flat for the warning
 class FlatRewards:
     def __init__(self, cfg: RLConfig, steps: int = WATCH_STEPS) -> None:
         self.cfg, self.steps = cfg, steps
-        self.flat_steps, self.rewards = 0, set()
+        self.flat_steps = 0
+        self.rewards: set[float] = set()
         self.watching = steps > 0
 
     def observe(self, batch: RolloutBatch) -> str | None:
