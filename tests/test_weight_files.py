@@ -70,22 +70,29 @@ def interrupt_at(n: int, monkeypatch):
 LAYOUTS = [(20_000, 20_000), (20_000, None), (None, None), (None, 40_000), (40_000, 20_000)]
 
 
+def interrupted_saves(base, new, shards, tmp_path, monkeypatch, tries):
+    """For n = 1, 2, ...: a copy of `base` whose save of `new` is interrupted at its n-th file operation ->
+    (n, the copy, whether the save finished before it, the operation counter)."""
+    for n in range(1, tries):
+        model_dir = tmp_path / f"try{n}"
+        shutil.copytree(base, model_dir)
+        with monkeypatch.context() as patch:
+            calls = interrupt_at(n, patch)
+            try:
+                write_weights(new, model_dir, shards)
+                finished = True
+            except Interrupted:
+                finished = False
+        yield n, model_dir, finished, calls
+
+
 @pytest.mark.parametrize("old_shards,new_shards", LAYOUTS)
 def test_an_interrupted_save_leaves_the_old_model_or_the_new_one(old_shards, new_shards, tmp_path, monkeypatch):
     old, new = states()
     base = tmp_path / "base"
     write_weights(old, base, old_shards)
     seen = set()
-    for n in range(1, 100):
-        model_dir = tmp_path / f"try{n}"
-        shutil.copytree(base, model_dir)
-        with monkeypatch.context() as patch:
-            calls = interrupt_at(n, patch)
-            try:
-                write_weights(new, model_dir, new_shards)
-                finished = True
-            except Interrupted:
-                finished = False
+    for n, model_dir, finished, calls in interrupted_saves(base, new, new_shards, tmp_path, monkeypatch, 100):
         for view in (read_state_dict(model_dir), vllm_view(model_dir)):
             assert same(view, old) or same(view, new), f"a mix after operation {n}"
             seen.add("new" if same(view, new) else "old")
@@ -123,16 +130,7 @@ def test_a_stale_staged_twin_goes_before_the_single_file_is_written(tmp_path, mo
     base = tmp_path / "base"
     write_weights(old, base, None)
     os.link(base / SINGLE_FILE, base / "model.bebop-staged.safetensors")
-    for n in range(1, 10):
-        model_dir = tmp_path / f"try{n}"
-        shutil.copytree(base, model_dir)
-        with monkeypatch.context() as patch:
-            calls = interrupt_at(n, patch)
-            try:
-                write_weights(new, model_dir, None)
-                finished = True
-            except Interrupted:
-                finished = False
+    for n, model_dir, finished, calls in interrupted_saves(base, new, None, tmp_path, monkeypatch, 10):
         view = vllm_view(model_dir)
         assert same(view, old) or same(view, new), f"a mix after operation {n}"
         if finished:
