@@ -206,9 +206,9 @@ def _chain_batch(model: CausalLM, opened: _Opened, realised: torch.Tensor, sampl
             first = {"entropy_1": entropy(p[:b]), "tv_1": 1 - alpha_rs, "to_1": alpha_to}
         x = realised[:, d - 1]  # (B,) the token that followed, -1 past the end
         seen = x >= 0
-        ratio_rs, ratio_to = realised_ratios(p[:b], q[:b], guess, x.clamp_min(0))
-        reach = reach * torch.cat([torch.where(seen, ratio_rs, alpha_rs),
-                                   torch.where(seen, ratio_to, alpha_to)]).double()
+        token = x.clamp_min(0)
+        reach = reach * torch.cat([torch.where(seen, rs_realised(p[:b], q[:b], token), alpha_rs),
+                                   torch.where(seen, to_realised(p[b:], guess, token), alpha_to)]).double()
         rs_reach.append(reach[:b])
         to_reach.append(reach[b:])
         if d == depth:
@@ -222,17 +222,19 @@ def _chain_batch(model: CausalLM, opened: _Opened, realised: torch.Tensor, sampl
             **{k: v.cpu() for k, v in first.items()}, "diag_sum": diag_sum, "diag_weight": diag_weight}
 
 
-def realised_ratios(target_probs: torch.Tensor, draft_probs: torch.Tensor, guess: torch.Tensor,
-                    token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """P(the draft at this depth is accepted | the token that followed is `token`), per row, under RS and TO.
+def rs_realised(target_probs: torch.Tensor, draft_probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """P(the RS draft at this depth is accepted | the token that followed is `token`): min(p, q)(x) / p(x) (an
+    accepted draft is distributed as min(p, q), a rejection emits from (p - q)+, and the two add up to p). A token
+    the target gives no mass cannot have come from this engine: it counts as a rejection.
 
-    target_probs, draft_probs (B, V); guess (B,) TO's draft (argmax q); token (B,) the realised token x.
-    RS: min(p, q)(x) / p(x) (an accepted draft is distributed as min(p, q), a rejection emits (p - q)+, and
-    min(p, q) + (p - q)+ = p); TO: [x == guess]. A token the target gives no mass cannot have come from this
-    engine: it counts as a rejection. -> (B,), (B,)"""
+    target_probs, draft_probs (B, V); token (B,) -> (B,)"""
     p_x = target_probs.gather(-1, token[:, None])[:, 0]  # (B,)
     q_x = draft_probs.gather(-1, token[:, None])[:, 0]  # (B,)
-    possible = p_x > 0
-    rs = torch.where(possible, torch.minimum(p_x, q_x) / p_x.clamp_min(1e-38), torch.zeros_like(p_x))
-    to = (possible & (guess == token)).to(p_x.dtype)
-    return rs, to
+    return torch.where(p_x > 0, torch.minimum(p_x, q_x) / p_x.clamp_min(1e-38), torch.zeros_like(p_x))
+
+
+def to_realised(target_probs: torch.Tensor, guess: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """The same under TO: [x = guess] (the engine accepts its greedy draft exactly when the target's sample
+    equals it), 0 where the target gives x no mass. target_probs (B, V); guess, token (B,) -> (B,)"""
+    p_x = target_probs.gather(-1, token[:, None])[:, 0]  # (B,)
+    return ((p_x > 0) & (guess == token)).to(p_x.dtype)
