@@ -116,8 +116,8 @@ def write_weights(state: dict[str, torch.Tensor], model_dir: str | os.PathLike,
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     shards = _split(tensors, max_shard_bytes)
     if len(shards) == 1 and not (model_dir / INDEX_FILE).is_file():
-        _remove_staged(model_dir, keep=set())  # before: the new file beside an old twin would be a mix
-        fsync_dir(model_dir)
+        if _remove_staged(model_dir, keep=set()):  # before: the new file beside an old twin would be a mix
+            fsync_dir(model_dir)
         atomic_write(model_dir / SINGLE_FILE, partial(_save, shards[0]))
         return
     if (model_dir / SINGLE_FILE).is_file():
@@ -197,11 +197,12 @@ def _link_all(model_dir: Path, staged: list[str], names: list[str]) -> bool:
     return True
 
 
-def _remove_staged(model_dir: Path, keep: set[str]) -> None:
-    """Staged shards an interrupted save left that no live index names."""
-    for path in model_dir.glob(f"*{STAGED_TAG}*.safetensors"):
-        if path.name not in keep:
-            path.unlink()
+def _remove_staged(model_dir: Path, keep: set[str]) -> bool:
+    """Remove the staged shards an interrupted save left that no live index names -> whether there were any."""
+    stale = [path for path in model_dir.glob(f"*{STAGED_TAG}*.safetensors") if path.name not in keep]
+    for path in stale:
+        path.unlink()
+    return bool(stale)
 
 
 @dataclass
