@@ -33,8 +33,6 @@ import numpy as np
 from bebop.errors import BebopError
 from bebop.study.intervals import Z95, cluster_ratio_se
 
-__all__ = ["Z95", "acceptance_slope", "entropy_bins", "per_token_law", "wilson"]
-
 RESAMPLES = 400
 CHUNK = 50  # resamples per matrix product (memory: CHUNK x sequences counts)
 
