@@ -9,8 +9,8 @@ live rows), or `longtail`: 64 task prompts stopping at their stop tokens, up to 
 config's lengths; meaningful with a trained policy). Each function of a category is wrapped by a timer
 (the outermost timed call owns the time, so nothing counts twice); a step runs from one speculative
 `_Run.step` (plain: one trunk forward) to the next. Per (case, arm) one JSON line: ms per decode step for
-each category, the median over --runs after a warm-up run; the first step (the prompts' prefill) apart as
-`prefill_ms`; `forwards_ms` = verify + MTP, and `step_over_forwards`, a step over its forwards (the
+each category, the median over --runs after a warm-up run; the prompts' prefill (in a tree before the engine's
+prefill verb: the first step, which fed the prompts) apart as `prefill_ms`; `forwards_ms` = verify + MTP, and `step_over_forwards`, a step over its forwards (the
 issue-24 target: at most 1.15). "verify_forward" is the trunk forward (plain: the decode forward) with
 everything inside it: cache writes, the mask, attention. `--compile on` profiles the compiled steps (the
 trunk timed where the engine calls it; "mtp_forwards" is then the whole drafting function, its warps and
@@ -62,6 +62,9 @@ COMPILED_CATEGORIES = {
     "verify_forward": [(plain_module, "trunk_forward"), (speculative, "trunk_forward"), (qwen3.CausalLM, "logits")],
     "mtp_forwards": [(speculative, "_draft")],
 }
+# the engine's prefill (each distinct prompt once, before the first step) where the tree has one: it is "step 0",
+# reported as prefill_ms; in an older tree the first step fed the whole prompt and was step 0
+PREFILL = [(plain_module, "prefill_prompts"), (speculative, "prefill_prompts")]
 STEP_STARTS = {(qwen3.CausalLM, "forward"), (plain_module, "trunk_forward")}  # plain decoding: one per step
 
 
@@ -75,13 +78,13 @@ class Timers:
         self.depth = 0
         self.plain = plain
 
-    def wrap(self, category: str, fn, starts_step: bool = False):
+    def wrap(self, category: str, fn, starts_step: bool = False, always: bool = False):
         def timed(*args, **kwargs):
             if self.depth:
                 return fn(*args, **kwargs)
             self.depth += 1
             start = time.perf_counter()
-            if starts_step and self.plain:
+            if starts_step and (self.plain or always):
                 self.starts.append(start)
             try:
                 return fn(*args, **kwargs)
@@ -100,6 +103,10 @@ def instrumented(timers: Timers):
             real = getattr(owner, name)
             saved.append((owner, name, real))
             setattr(owner, name, timers.wrap(category, real, starts_step=(owner, name) in STEP_STARTS))
+    for owner, name in PREFILL:
+        if hasattr(owner, name):
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, timers.wrap("prefill", getattr(owner, name), starts_step=True, always=True))
     real_step = speculative._Run.step
 
     def step(run):
@@ -137,7 +144,7 @@ def run_once(policy, arm: str, prompts, max_new: int, stops) -> dict:
             gens, _ = speculative_generate(policy.model, prompts, k=k if k == "auto" else int(k), mode=mode, **common)
         end = time.perf_counter()
     bounds = timers.starts + [end]
-    steps = len(timers.starts) - 1  # decode steps, after the prefill step
+    steps = len(timers.starts) - 1  # decode steps, after the prefill
     out = {name: 1e3 * sum(timers.seconds[(i, name)] for i in range(1, steps + 1)) / steps for name in CATEGORIES}
     out["step_ms"] = 1e3 * (bounds[-1] - bounds[1]) / steps
     out["rest"] = out["step_ms"] - sum(out[name] for name in CATEGORIES)

@@ -7,6 +7,7 @@ import random
 import torch
 
 from bebop.sampling import warp_probs
+from bebop.sampling.warp import inverse_cdf
 
 from conftest import CHAR_CODEC
 
@@ -22,12 +23,12 @@ def ids_of(prompts):
 def oracle_drafter(model, prompts, corrupt: float, seed: int):
     """A drafter that knows the greedy continuation: drafts are right except at a random depth
     (with probability `corrupt` per chain), so rows accept 0..K tokens raggedly. It rebuilds each
-    row's sequence from what the engine hands the head: the prompt's first token, then every
+    row's sequence from what the engine hands the head: the prompt (refreshed at prefill), then every
     refresh chunk's next-tokens in order."""
-    seqs = [[p[0]] for p in prompts]
+    seqs = [list(p) for p in prompts]
     rng = random.Random(seed)
 
-    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, rows):
+    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, rows):
         drafts = []
         for i, b in enumerate(rows):  # rows: the prompt index of each live row
             c = int(ref_count[i])
@@ -54,9 +55,9 @@ def oracle_drafter(model, prompts, corrupt: float, seed: int):
 def mixture_drafter(model, prompts, params):
     """A sampling drafter whose q_d = 0.7 p_d + 0.3 uniform-over-p_d's-support, where p_d is the
     exact target row (full forward), so RS accepts often (about 0.85) yet not always."""
-    seqs = [[p[0]] for p in prompts]
+    seqs = [list(p) for p in prompts]  # the prompt is refreshed at prefill; the log carries what follows
 
-    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, live):
+    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, live):
         for i, b in enumerate(live):  # live: the prompt index of each live row
             seqs[b] += ref_tokens[i, : int(ref_count[i])].tolist()
         drafts = torch.zeros(len(live), k, dtype=torch.long)  # (R, K)
@@ -69,7 +70,7 @@ def mixture_drafter(model, prompts, params):
                     target = warp_probs(model.logits(model(seq))[:, -1], params)  # (R, V)
                     support = (target > 0).float()
                     q = 0.7 * target + 0.3 * support / support.sum(-1, keepdim=True)
-                    y = torch.multinomial(q, 1, generator=generator)  # (R, 1)
+                    y = inverse_cdf(q, draws[rows, d])[:, None]  # (R, 1): the engine's draw for depth d
                     drafts[rows, d] = y[:, 0]
                     probs[rows, d] = q
                     seq = torch.cat([seq, y], dim=1)

@@ -35,9 +35,16 @@ class Schedule:
 
 
 def _batch_sizes(model):
+    """The rows of every trunk forward of the decoding loop; the prefill's (engine/prefill.py: on scratch caches
+    exactly as wide as their chunk) are not counted."""
     sizes = []
-    handle = model.register_forward_pre_hook(lambda mod, args: sizes.append(args[0].shape[0]))
-    return sizes, handle
+
+    def record(mod, args):
+        ids, cache = args[0], args[1] if len(args) > 1 else None
+        if cache is not None and cache.capacity > ids.shape[1]:  # not a drafter's full forward, nor a prefill
+            sizes.append(ids.shape[0])
+
+    return sizes, model.register_forward_pre_hook(record)
 
 
 def test_plain_rows_leave_the_forward_when_they_stop(spec_model):
@@ -129,8 +136,8 @@ def test_catch_up_refresh_equals_refreshing_every_step(spec_model, monkeypatch):
     seen = []
     real = spec._draft
 
-    def spy(model, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, rows):
-        drafts, probs = real(model, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, generator, rows)
+    def spy(model, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, rows):
+        drafts, probs = real(model, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, rows)
         seen.append((list(rows), ref_count.tolist(), probs[:, 0].clone()))
         return drafts, probs
 
@@ -140,8 +147,10 @@ def test_catch_up_refresh_equals_refreshing_every_step(spec_model, monkeypatch):
                                         sampling=params, generator=torch.Generator().manual_seed(0),
                                         controller=Schedule((0, 0, 0, 0, 2)))
     rows, counts, q1 = seen[0]
-    # the prefill step and four plain steps emitted 5 tokens; the trunk consumed all but the last
-    assert counts == [len(prompts[row]) + 4 for row in rows]
+    # the prefill refreshed the prompt but its last token; the first step (that token) and four plain steps
+    # emitted 5 tokens, the trunk consumed all but the last: 5 positions wait, and the head's cache built at
+    # prefill plus this catch-up equals the head run over the whole sequence (below)
+    assert counts == [5 for _ in rows]
     mtp = spec_model.require_mtp()
     for i, row in enumerate(rows):
         seq = prompts[row] + gens[row].token_ids[:5]  # positions refreshed, and the token after the last

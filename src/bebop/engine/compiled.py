@@ -36,11 +36,13 @@ from collections import Counter
 
 import torch
 
+from bebop.engine.spec_step import draft_chain, verify
 from bebop.errors import BebopError
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import rope_table
 from bebop.model.qwen3 import CausalLM
 from bebop.model.static_cache import StaticView
+from bebop.sampling import SamplingParams
 
 COMPILE_CHOICES = ("auto", "on", "off")
 MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
@@ -97,21 +99,32 @@ def trunk_forward(model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: to
     return steps.run("trunk", steps.trunk, eager, model, cache, ids.shape[1], ids, counts, dynamic_chunk=True)
 
 
-def mtp_forward(model: CausalLM, hidden: torch.Tensor, tokens: torch.Tensor, depth: int, cache: KVCache,
-                counts: torch.Tensor) -> torch.Tensor:
-    """One MTP step at `depth`: hidden (B, T, H), tokens (B, T), counts (B,) -> (B, T, H), compiled when it can be.
-
-    Depth 1 is the refresh over a ragged chunk (T up to MAX_COMPILED_CHUNK compiles: one graph for every
-    T >= 2, T a dynamic dimension); depths >= 2 draft one token (T = 1)."""
+def draft_chain_step(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                     ref_count: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
+                     sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """spec_step.draft_chain, as one compiled graph per k where it can be: a refresh width of k + 1 (a decode step's;
+    a catch-up over skipped steps, or k = 0, runs eager)."""
     steps = _STEPS.get(model)
-    mtp = model.require_mtp()
-    eager = lambda: mtp(hidden, model.embed(tokens), depth, cache, counts)  # noqa: E731
-    if steps is None or steps.failed or tokens.shape[1] > MAX_COMPILED_CHUNK:
+    eager = lambda: draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws,  # noqa: E731
+                                k=k, mode=mode, sampling=sampling)
+    if steps is None or steps.failed or not k or ref_hidden.shape[1] != k + 1:
         return eager()
-    graph_depth = depth if mtp.num_layers > 1 else 1  # one layer: every depth runs the same layer and mask
-    name = "refresh" if depth == 1 else "draft"
-    return steps.run(name, steps.mtp, eager, model, cache, tokens.shape[1], hidden.contiguous(), tokens, graph_depth,
-                     counts, dynamic_chunk=depth == 1)
+    return steps.run("chain", steps.chain, eager, model, head_cache, ref_hidden.shape[1] + k - 1,
+                     ref_hidden.contiguous(), ref_tokens, ref_count, draws, k, mode, sampling)
+
+
+def verify_step(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Tensor, is_draft: torch.Tensor,
+                drafts: torch.Tensor, draft_probs: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
+                sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """spec_step.verify, as one compiled graph per k where it can be: a chunk of k + 1 tokens (an observation's
+    longer chunk runs eager)."""
+    steps = _STEPS.get(model)
+    eager = lambda: verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws,  # noqa: E731
+                           k=k, mode=mode, sampling=sampling)
+    if steps is None or steps.failed or ids.shape[1] != k + 1:
+        return eager()
+    return steps.run("verify", steps.verify, eager, model, cache, ids.shape[1], ids, counts, is_draft, drafts,
+                     draft_probs, draws, k, mode, sampling)
 
 
 def _trunk(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
@@ -119,10 +132,14 @@ def _trunk(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], length
     return model(ids, StaticView(k, v, lengths), counts)
 
 
-def _mtp(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
-         hidden: torch.Tensor, tokens: torch.Tensor, depth: int, ones: torch.Tensor) -> torch.Tensor:
-    mtp = model.require_mtp()
-    return mtp(hidden, model.embed(tokens), depth, StaticView(k, v, lengths), ones)
+def _chain(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, *args):
+    *tensors, depth, mode, sampling = args
+    return draft_chain(model, StaticView(k, v, lengths), *tensors, k=depth, mode=mode, sampling=sampling)
+
+
+def _verify(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, *args):
+    *tensors, depth, mode, sampling = args
+    return verify(model, StaticView(k, v, lengths), *tensors, k=depth, mode=mode, sampling=sampling)
 
 
 class CompiledSteps:
@@ -131,9 +148,10 @@ class CompiledSteps:
     def __init__(self) -> None:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.trunk = torch.compile(_trunk, fullgraph=True, dynamic=False)
-        self.mtp = torch.compile(_mtp, fullgraph=True, dynamic=False)
+        self.chain = torch.compile(_chain, fullgraph=True, dynamic=False)
+        self.verify = torch.compile(_verify, fullgraph=True, dynamic=False)
         self.failed: str | None = None
-        self.calls: Counter[str] = Counter()  # forwards that ran compiled: "trunk", "refresh", "draft"
+        self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "chain", "verify"
 
     def run(self, name: str, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
             dynamic_chunk: bool = False) -> torch.Tensor:

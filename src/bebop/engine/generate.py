@@ -3,8 +3,10 @@
     gens = generate(model, prompts, max_new_tokens=64, sampling=SamplingParams(1.0),
                     stop_ids=[eos], generator=torch.Generator().manual_seed(0))
 
-Each step feeds every unfinished row its pending tokens (the prompt at first, then the last
-sampled token, or an environment observation) in ONE forward call: rows are ragged and the
+The prompts are prefilled first, each distinct prompt once (engine/prefill.py: a GRPO group shares
+one prefill), all but their last token. Each step then feeds every unfinished row its pending tokens
+(the prompt's last token at first, then the last sampled token, or an environment observation) in
+ONE forward call: rows are ragged and the
 cache appends at each row's own offset. The batch is live: rows that finish leave the cache and
 every later forward (`KVCache.keep`) once they are 1/COMPACT_EVERY of the batch, so a step costs
 about the rows still generating without copying the cache for every finished row. Only the last
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from bebop.engine.compiled import trunk_forward
+from bebop.engine.prefill import prefill
 from bebop.engine.records import Generation
 from bebop.engine.rows import Observer, RowBook
 from bebop.errors import BebopError
@@ -86,6 +89,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
                                                        slack=max_observation_tokens + 1))
     live, lengths = _leave_finished(book, list(range(len(prompts))), [0] * len(prompts), cache)
     # live: prompt index of each cache row; lengths: host copy of cache.lengths, exact
+    lengths = prefill_prompts(model, book, live, cache, pad_id=pad_id)
     while live:
         pending = [book.pending[row] for row in live]
         ids, counts = pad_chunk(pending, pad_id, model.device)  # (R, T), (R,)
@@ -102,6 +106,18 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
         cache.span = max(lengths)
         live, lengths = _leave_finished(book, live, lengths, cache)
     return book.rows
+
+
+def prefill_prompts(model: CausalLM, book: RowBook, live: list[int], cache, *, mtp_cache=None,
+                    pad_id: int = 0) -> list[int]:
+    """Prefill the live rows' prompts but their last tokens (engine/prefill.py), which stay pending for the
+    first step; -> each cache row's length."""
+    if not live:
+        return []
+    lengths = prefill(model, [book.pending[row] for row in live], cache, mtp_cache=mtp_cache, pad_id=pad_id)
+    for row, n in zip(live, lengths):
+        book.pending[row] = book.pending[row][n:]
+    return lengths
 
 
 def _leave_finished(book: RowBook, live: list[int], lengths: list[int], cache) -> tuple[list[int], list[int]]:

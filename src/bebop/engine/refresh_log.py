@@ -42,11 +42,16 @@ class RefreshLog:
         for row, toks in zip(self.tokens, next_tokens):
             row.extend(toks)
 
-    def take(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The pending span of every row, left-aligned in position order:
-        hidden (R, W, H), next tokens (R, W) (pad_id past a row's count) and counts (R,)."""
-        hidden = self._gather(max(1, max(self.counts)))
-        ids, counts = pad_chunk(self.tokens, pad_id, hidden.device)  # (R, W), (R,)
+    def take(self, pad_id: int, width: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pending span of every row, left-aligned in position order, at least `width` wide (a decode step's
+        refresh padded to k + 1: one compiled shape): hidden (R, W, H) (zeros past a row's count), next tokens
+        (R, W) (pad_id past it) and counts (R,)."""
+        used = max(1, max(self.counts))
+        hidden = self._gather(used)
+        ids, counts = pad_chunk(self.tokens, pad_id, hidden.device)  # (R, used), (R,)
+        if width > used:
+            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, width - used))  # (R, width, H)
+            ids = torch.nn.functional.pad(ids, (0, width - used), value=pad_id)  # (R, width)
         self.chunks, self.tokens = [], [[] for _ in self.tokens]
         return hidden, ids, counts
 

@@ -4,7 +4,8 @@
                                          sampling=SamplingParams(1.0), stop_ids=[eos], generator=g)
     gens, metrics = speculative_generate(model, prompts, k="auto", max_k=6, mode="rs", ...)
 
-One step, for every live row at once:
+The prompts are prefilled once per distinct prompt, the head's cache with them (engine/prefill.py);
+the first step feeds each prompt's last token and samples plainly. Then one step, for every live row at once:
   0. choose k: fixed, or with k="auto" the k in [0, max_k] that maximises expected emitted tokens
      per second for the current number of live rows (bebop.engine.adaptive); k = 0 is a plain step.
   1. refresh + draft (k > 0): the MTP head consumes the trunk hiddens of every position made valid
@@ -34,8 +35,9 @@ from collections.abc import Sequence
 import torch
 
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import mtp_forward, trunk_forward
-from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, rows_to_keep
+from bebop.engine.compiled import draft_chain_step, verify_step
+from bebop.engine.generate import (cache_capacity, check_prompts, live_rows, pad_chunk, prefill_prompts,
+                                   rows_to_keep)
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.records import Generation
 from bebop.engine.refresh_log import RefreshLog
@@ -43,7 +45,9 @@ from bebop.engine.rows import Observer, RowBook
 from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
-from bebop.sampling import SamplingParams, entropy, rejection_sample, sample, target_only_sample, to_host, warp_probs
+from bebop.engine.spec_step import step_draws
+from bebop.sampling import SamplingParams
+from bebop.sampling.warp import NONFINITE_MESSAGE
 
 SPEC_MODES = ("to", "rs")
 MAX_K = 8
@@ -82,32 +86,14 @@ def check_spec_flags(spec: str, k: int | str, max_k: int) -> None:
 
 
 def _draft(model: CausalLM, mtp_cache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor, ref_count: torch.Tensor,
-           k: int, mode: str, sampling: SamplingParams, generator, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Refresh the MTP cache with the pending positions, then draft k tokens (k = 0: refresh only).
+           k: int, mode: str, sampling: SamplingParams, draws: torch.Tensor, rows: list[int]
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter: refresh the MTP cache with the pending positions, then draft k tokens (k = 0: refresh only).
 
-    ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,); rows: each row's prompt index
-    -> drafts (R, k), draft_probs (R, k, V)."""
-    batch = ref_hidden.shape[0]
-    out = mtp_forward(model, ref_hidden, ref_tokens, 1, mtp_cache, ref_count)  # (R, W, H): the refresh
-    hidden = out[torch.arange(batch), (ref_count - 1).clamp_min(0)]  # (R, H)
-    ones = torch.ones(batch, dtype=torch.long, device=hidden.device)
-    tokens: list[torch.Tensor] = []  # (R,) per depth
-    probs: list[torch.Tensor] = []  # (R, V) per depth
-    for depth in range(1, k + 1):
-        if depth > 1:
-            hidden = mtp_forward(model, hidden[:, None], tokens[-1][:, None], depth, mtp_cache, ones)[:, 0]  # (R, H)
-        q = warp_probs(model.mtp_logits(hidden), sampling)  # (R, V)
-        tokens.append(sample(q, generator) if mode == "rs" and not sampling.greedy else q.argmax(-1))
-        probs.append(q)
-    if not k:
-        return ref_tokens.new_zeros(batch, 0), hidden.new_zeros(batch, 0, model.config.vocab_size)
-    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
-
-
-def _accept(mode: str, drafts, draft_probs, target_probs, generator):
-    if mode == "rs":
-        return rejection_sample(drafts, draft_probs, target_probs, generator=generator)
-    return target_only_sample(drafts, target_probs, generator=generator)
+    ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,); draws (R, k) float64 uniforms; rows: each row's
+    prompt index (for drafters other than the head) -> drafts (R, k), draft_probs (R, k, V)."""
+    return draft_chain_step(model, mtp_cache, ref_hidden, ref_tokens, ref_count, draws, k=k, mode=mode,
+                            sampling=sampling)
 
 
 @torch.inference_mode()
@@ -174,6 +160,9 @@ class _Run:
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
         self.metrics = SpecMetrics(k, draft_log=[] if log_drafts else None)
         self._leave_finished()
+        self.trunk_len = prefill_prompts(model, self.book, self.live, self.cache, mtp_cache=self.mtp_cache,
+                                         pad_id=pad_id)
+        self.mtp_len = list(self.trunk_len)
 
     def choose_k(self, can_draft: list[bool], generating: int) -> int:
         if not any(can_draft):
@@ -189,14 +178,17 @@ class _Run:
         k = self.choose_k(can_draft, generating)
         drafting = [k > 0 and d for d in can_draft]
         typical = all(len(p) == 1 for p in pending if p) and (not k or max(logged) <= self.k + 1)
+        draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
         drafts = draft_probs = None
         if k:
-            drafts, draft_probs = self._refresh(k)
+            drafts, draft_probs = self._refresh(k, draws[:, :k])
         elif self.log.positions * len(self.live) * self.model.config.hidden_size > LOG_LIMIT:
-            self._refresh(0)
-        hidden, logits, tokens, logprobs, ents, accepted = self._verify(k, pending, drafting, drafts, draft_probs)
-        checked = (logits, draft_probs) if k else (logits,)
-        host = to_host([tokens, logprobs, ents, accepted], *checked)  # the step's one host sync
+            self._refresh(0, draws[:, :0])
+        hidden, host_rows = self._verify(k, pending, drafting, drafts, draft_probs, draws[:, k:])
+        host = host_rows.tolist()  # the step's one host sync
+        if not all(row[-1] for row in host):
+            raise BebopError(NONFINITE_MESSAGE)
+        host = [row[:-1] for row in host]
         self._emit(k, pending, drafting, host, hidden)
         if self.controller and typical:  # a decode step with no catch-up: its time fits the cost model
             self.controller.observe(generating, k, time.perf_counter() - t0,
@@ -205,40 +197,29 @@ class _Run:
         self.cache.rollback(torch.tensor(self.trunk_len, device=self.model.device), span=max(self.trunk_len))
         self._leave_finished()
 
-    def _refresh(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Refresh the MTP cache over every pending position, draft k tokens, roll the drafts back."""
+    def _refresh(self, k: int, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Refresh the MTP cache over every pending position, draft k tokens (draws (R, k)), roll the drafts back."""
         counts = self.log.counts
-        ref_hidden, ref_tokens, ref_count = self.log.take(self.pad_id)  # (R, W, H), (R, W), (R,)
+        ref_hidden, ref_tokens, ref_count = self.log.take(self.pad_id, width=k + 1)  # (R, W, H), (R, W), (R,)
         drafts, draft_probs = _draft(self.model, self.mtp_cache, ref_hidden, ref_tokens, ref_count, k, self.mode,
-                                     self.sampling, self.generator, list(self.live))  # (R, k), (R, k, V)
+                                     self.sampling, draws, list(self.live))  # (R, k), (R, k, V)
         self.mtp_len = [n + c for n, c in zip(self.mtp_len, counts)]
         self.mtp_cache.rollback(torch.tensor(self.mtp_len, device=self.model.device), span=max(self.mtp_len))
         return drafts, draft_probs
 
-    def _verify(self, k: int, pending, drafting, drafts, draft_probs):
-        """One trunk forward: drafting rows feed [x_last, y_1..y_k]; the others their pending tokens."""
+    def _verify(self, k: int, pending, drafting, drafts, draft_probs, draws):
+        """One trunk forward and the acceptance (spec_step.verify): drafting rows feed [x_last, y_1..y_k], the
+        others their pending tokens. -> hidden (R, Wc, H), the step's per-row results (R, 3(k+1) + 2)."""
         device = self.model.device
         batch = len(pending)
         is_draft = torch.tensor(drafting, device=device)  # (R,)
         ids, counts = pad_chunk([p + [self.pad_id] * k if d else p for p, d in zip(pending, drafting)],
                                 self.pad_id, device)  # (R, Wc), (R,)
-        if k:
-            ids[:, 1:k + 1] = torch.where(is_draft[:, None], drafts, ids[:, 1:k + 1])
-        hidden = trunk_forward(self.model, ids, self.cache, counts)  # (R, Wc, H)
-        last = (counts - 1).clamp_min(0)  # (R,)
-        positions = torch.where(is_draft[:, None], torch.arange(k + 1, device=device), last[:, None])  # (R, k+1)
-        logits = self.model.logits(hidden[torch.arange(batch, device=device)[:, None], positions])  # (R, k+1, V)
-        target_probs = warp_probs(logits, self.sampling)  # (R, k+1, V)
-        plain = sample(target_probs[:, 0], self.generator, greedy=self.sampling.greedy)  # (R,)
-        unset = plain.new_full((batch, k), -1)
-        tokens = torch.cat([plain[:, None], unset], dim=1)  # (R, k+1)
-        accepted = torch.zeros(batch, dtype=torch.long, device=device)  # (R,)
-        if k:
-            spec_tokens, spec_accepted = _accept(self.mode, drafts, draft_probs, target_probs, self.generator)
-            tokens = torch.where(is_draft[:, None], spec_tokens, tokens)
-            accepted = torch.where(is_draft, spec_accepted, accepted)
-        logprobs = torch.log(target_probs.gather(-1, tokens.clamp_min(0)[..., None])[..., 0])  # (R, k+1)
-        return hidden, logits, tokens, logprobs, entropy(target_probs), accepted
+        if not k:
+            vocab = self.model.config.vocab_size
+            drafts, draft_probs = ids.new_zeros(batch, 0), torch.zeros(batch, 0, vocab, device=device)
+        return verify_step(self.model, self.cache, ids, counts, is_draft, drafts, draft_probs, draws, k=k,
+                           mode=self.mode, sampling=self.sampling)
 
     def _emit(self, k: int, pending, drafting, host, hidden) -> None:
         """Hand each row its accepted run; log the positions now valid for the next MTP refresh."""

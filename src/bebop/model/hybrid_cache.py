@@ -64,6 +64,11 @@ class LinearStates:
             self.conv[slot] = window.gather(2, span.expand(-1, window.shape[1], -1)).to(self.conv.dtype)
             self.recurrent[slot] = states[rows, index]
 
+    def copy_rows(self, source: LinearStates, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Rows dst (N,) take the conv and recurrent states of `source`'s rows src (N,)."""
+        self.conv[:, dst] = source.conv[:, src]
+        self.recurrent[:, dst] = source.recurrent[:, src]
+
     def keep(self, rows: torch.Tensor) -> None:
         self.conv = self.conv.index_select(1, rows)
         self.recurrent = self.recurrent.index_select(1, rows)
@@ -95,6 +100,17 @@ class HybridCache(KVCache):
                              "earlier positions is gone)")
         super().rollback(lengths, span)
         self.linear.select(kept, self.taken)
+
+    def copy_rows(self, source: KVCache, sources: list[int], targets: list[int], width: int) -> None:
+        """KVCache.copy_rows, the linear layers' states too; the copied rows start a new chunk (no rollback
+        into what they copied)."""
+        assert isinstance(source, HybridCache), type(source)
+        super().copy_rows(source, sources, targets, width)
+        src = torch.tensor(sources, dtype=torch.long, device=self.lengths.device)  # (N,)
+        dst = torch.tensor(targets, dtype=torch.long, device=self.lengths.device)  # (N,)
+        self.linear.copy_rows(source.linear, src, dst)
+        self.base[dst] = self.lengths[dst]
+        self.taken[dst] = 0
 
     def keep(self, rows: torch.Tensor, span: int) -> None:
         super().keep(rows, span)

@@ -77,6 +77,16 @@ class KVCache:
         self.lengths = self.lengths.index_select(0, rows)  # (R,)
         self.span = span
 
+    def copy_rows(self, source: KVCache, sources: list[int], targets: list[int], width: int) -> None:
+        """Rows `targets` of this cache become rows `sources` of `source` (their first `width` positions and
+        lengths): a prefix computed once, copied into every row that shares it. Rows may repeat in `sources`."""
+        src = torch.tensor(sources, dtype=torch.long, device=self.lengths.device)  # (N,)
+        dst = torch.tensor(targets, dtype=torch.long, device=self.lengths.device)  # (N,)
+        for mine, theirs in zip(self.k + self.v, source.k + source.v):
+            mine[dst, :, :width] = theirs[src, :, :width]  # (N, Hkv, width, Dh)
+        self.lengths[dst] = source.lengths[src]
+        self.span = max(self.span, width)
+
 
 def keep_span(buffer: torch.Tensor, rows: torch.Tensor, span: int) -> torch.Tensor:
     """buffer (B, Hkv, S, Dh) -> (R, Hkv, S, Dh): the rows' used positions (< span) gathered, the rest zeroed,

@@ -1,0 +1,112 @@
+"""The two verbs of a speculative step as pure tensor functions: the drafting chain and the verify.
+
+    draws = step_draws(rows, k, generator, device)                # (R, 2k + 2) float64: the step's randomness
+    drafts, draft_probs = draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws[:, :k],
+                                      k=k, mode="rs", sampling=params)
+    hidden, host = verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws[:, k:],
+                          k=k, mode="rs", sampling=params)
+
+Each is a fixed sequence of tensor operations with no host synchronisation and no data-dependent
+Python, so the engine runs it eagerly or as one compiled graph (bebop.engine.compiled: per k, with the
+batch, the caches' spans and the refresh width dynamic), and both paths compute the same thing from
+the same modules. The two are separate graphs, not one, so that a drafter other than the head (a test's
+oracle, a suffix index) can take draft_chain's place while the verify stays compiled.
+
+Random numbers: one float64 uniform tensor per step, drawn up front (`step_draws`), columns in order:
+
+    [0, k)          draft_chain: depth d's draft y_d = inverse_cdf(q_d, u) (RS; TO takes argmax q_d)
+    k               verify: the plain token of a row that does not draft, inverse_cdf(p_1, u)
+    [k + 1, 2k + 1) verify: the acceptance test of depth d (sampling/acceptance.py's `uniforms`)
+    2k + 1          verify: the emitted recovered / bonus token's draw (acceptance.py's `final`)
+
+Inverse-CDF sampling from a given uniform draws each token exactly from its distribution (a token of
+mass 0 has an empty interval), so every draw is what a generator call would have made, in a documented
+order; at temperature 0 every draw is an argmax and the uniforms are unused.
+
+`verify` returns the step's per-row results as one (R, 3(k+1) + 2) float64 tensor, read by the host
+once: emitted tokens (k+1, -1 padded), their log-probs (k+1), the target entropies (k+1), the accepted
+draft count, and whether the row's logits (and draft distributions) were finite.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bebop.model.kv_cache import KVCache
+from bebop.model.qwen3 import CausalLM
+from bebop.sampling import SamplingParams, entropy, warp_probs
+from bebop.sampling.acceptance import _rejection_sample_from, _target_only_sample_from
+from bebop.sampling.warp import inverse_cdf
+
+
+def step_draws(rows: int, k: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """The step's randomness: (R, 2k + 2) float64 uniforms in [0, 1), laid out as the module docstring says."""
+    return torch.rand((rows, 2 * k + 2), dtype=torch.float64, device=device, generator=generator)
+
+
+def _pick(probs: torch.Tensor, draws: torch.Tensor, greedy: bool) -> torch.Tensor:
+    """probs (R, V), draws (R,) -> tokens (R,): argmax at temperature 0 (probs one-hot), else the inverse CDF."""
+    return probs.argmax(-1) if greedy else inverse_cdf(probs, draws)
+
+
+def draft_chain(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                ref_count: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
+                sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Refresh the head's cache with each row's pending positions, draft k tokens, roll the drafts back.
+
+    ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,) >= 1: each row's positions waiting for the head
+    (left-aligned); draws (R, k) -> drafts (R, k) int64, draft_probs (R, k, V) float32. The head cache's
+    lengths end at their start + ref_count (the refresh kept, the drafts' entries rolled back)."""
+    mtp = model.require_mtp()
+    rows = ref_hidden.shape[0]
+    start = head_cache.lengths.clone()  # (R,)
+    out = mtp(ref_hidden, model.embed(ref_tokens), 1, head_cache, ref_count)  # (R, W, H): the refresh
+    hidden = out[torch.arange(rows, device=out.device), (ref_count - 1).clamp_min(0)]  # (R, H): depth 1's
+    ones = torch.ones_like(ref_count)
+    tokens: list[torch.Tensor] = []  # (R,) per depth
+    probs: list[torch.Tensor] = []  # (R, V) per depth
+    for depth in range(1, k + 1):
+        if depth > 1:
+            hidden = mtp(hidden[:, None], model.embed(tokens[-1][:, None]), depth, head_cache, ones)[:, 0]  # (R, H)
+        q = warp_probs(model.mtp_logits(hidden), sampling)  # (R, V)
+        tokens.append(_pick(q, draws[:, depth - 1], sampling.greedy or mode != "rs"))
+        probs.append(q)
+    head_cache.lengths.copy_(start + ref_count)
+    if not k:  # a refresh alone
+        return ref_tokens.new_zeros(rows, 0), hidden.new_zeros(rows, 0, model.config.vocab_size, dtype=torch.float32)
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
+
+
+def verify(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Tensor, is_draft: torch.Tensor,
+           drafts: torch.Tensor, draft_probs: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
+           sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """One trunk forward and the acceptance: drafting rows feed [x_last, y_1..y_k], the others their pending
+    tokens, and every row gets its emitted tokens.
+
+    ids (R, Wc) with Wc >= k + 1 where a row drafts (its draft slots are overwritten here), counts (R,) tokens
+    fed per row (k + 1 for a drafting row), is_draft (R,) bool, drafts (R, k), draft_probs (R, k, V),
+    draws (R, k + 2) -> hidden (R, Wc, H), host (R, 3(k+1) + 2) float64 (module docstring)."""
+    rows = ids.shape[0]
+    device = ids.device
+    if k:
+        ids = torch.cat([ids[:, :1], torch.where(is_draft[:, None], drafts, ids[:, 1:k + 1]), ids[:, k + 1:]], dim=1)
+    hidden = model(ids, cache, counts)  # (R, Wc, H)
+    last = (counts - 1).clamp_min(0)  # (R,)
+    positions = torch.where(is_draft[:, None], torch.arange(k + 1, device=device), last[:, None])  # (R, k+1)
+    logits = model.logits(hidden[torch.arange(rows, device=device)[:, None], positions])  # (R, k+1, V)
+    target_probs = warp_probs(logits, sampling)  # (R, k+1, V)
+    plain = _pick(target_probs[:, 0], draws[:, 0], sampling.greedy)  # (R,)
+    tokens = torch.cat([plain[:, None], plain.new_full((rows, k), -1)], dim=1)  # (R, k+1)
+    accepted = torch.zeros(rows, dtype=torch.long, device=device)  # (R,)
+    finite = torch.isfinite(logits).reshape(rows, -1).all(1)  # (R,)
+    if k:
+        accept = _rejection_sample_from if mode == "rs" else _target_only_sample_from
+        args = (drafts, draft_probs, target_probs) if mode == "rs" else (drafts, target_probs)
+        spec_tokens, spec_accepted = accept(*args, draws[:, 1:k + 1], draws[:, k + 1])
+        tokens = torch.where(is_draft[:, None], spec_tokens, tokens)
+        accepted = torch.where(is_draft, spec_accepted, accepted)
+        finite = finite & torch.isfinite(draft_probs).reshape(rows, -1).all(1)
+    logprobs = torch.log(target_probs.gather(-1, tokens.clamp_min(0)[..., None])[..., 0])  # (R, k+1)
+    host = torch.cat([tokens.double(), logprobs.double(), entropy(target_probs).double(), accepted[:, None].double(),
+                      finite[:, None].double()], dim=1)  # (R, 3(k+1) + 2)
+    return hidden, host

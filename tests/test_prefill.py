@@ -1,0 +1,85 @@
+"""The group's prompt prefilled once (engine/prefill.py): each distinct prompt is one prefill row, its cache
+rows (KV, a hybrid's conv and recurrent states, the head's cache) are copied into every row that shares it,
+and the next step's logits equal those of each row prefilled on its own (float32, to rounding)."""
+
+import pytest
+import torch
+
+from bebop.engine.prefill import MAX_BUCKET_TOKENS, PAD_SHARE, buckets, prefill
+from bebop.model import load_model
+from qwen35_helpers import make_hf_qwen35
+
+from spec_helpers import PROMPTS, ids_of
+
+GROUP = 4
+
+
+def _grpo_batch():
+    """Four distinct prompts of 1 to 23 tokens, each GROUP times, interleaved (rows of a group not adjacent)."""
+    distinct = ids_of([PROMPTS[0], PROMPTS[2], PROMPTS[3], PROMPTS[5]])
+    return [distinct[i % len(distinct)] for i in range(GROUP * len(distinct))], distinct
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen35_prefill")
+    make_hf_qwen35(seed=3).save_pretrained(path)
+    model = load_model(path)
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    return model
+
+
+def _prefill_rows(model, prompts):
+    """Prefill into fresh caches, counting the rows of every trunk forward; then feed each row its last
+    prompt token and return (that step's logits (B, V), rows per prefill forward, the head's cache)."""
+    cache = model.new_cache(len(prompts), 64)
+    head = model.require_mtp().new_cache(len(prompts), 64, dtype=model.dtype, device=model.device)
+    rows = []
+    handle = model.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[0]))
+    try:
+        with torch.no_grad():
+            lengths = prefill(model, prompts, cache, mtp_cache=head)
+    finally:
+        handle.remove()
+    assert lengths == [len(p) - 1 for p in prompts]
+    assert cache.lengths.tolist() == lengths and head.lengths.tolist() == lengths
+    last = torch.tensor([[p[-1]] for p in prompts])  # (B, 1)
+    with torch.no_grad():
+        logits = model.logits(model(last, cache))[:, 0]  # (B, V)
+    return logits, rows, head
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_group_prefill_equals_each_row_prefilled_alone(spec_model, hybrid, kind):
+    model = spec_model if kind == "dense" else hybrid
+    prompts, distinct = _grpo_batch()
+    logits, rows, _ = _prefill_rows(model, prompts)
+    assert sum(rows) == len([p for p in distinct if len(p) > 1])  # one prefill row per distinct prompt
+    for b, prompt in enumerate(prompts):
+        alone, _, _ = _prefill_rows(model, [prompt])
+        with torch.no_grad():
+            full = model.logits(model(torch.tensor([prompt])))[0, -1]  # no cache at all
+        assert torch.allclose(logits[b], alone[0], atol=1e-5), (kind, b)
+        assert torch.allclose(logits[b], full, atol=1e-4), (kind, b)
+
+
+def test_group_prefill_fills_the_heads_cache_as_each_row_alone(spec_model):
+    prompts, _ = _grpo_batch()
+    _, _, head = _prefill_rows(spec_model, prompts)
+    for b, prompt in enumerate(prompts):
+        _, _, alone = _prefill_rows(spec_model, [prompt])
+        n = len(prompt) - 1
+        for mine, theirs in zip(head.k + head.v, alone.k + alone.v):
+            assert torch.allclose(mine[b, :, :n], theirs[0, :, :n], atol=1e-5), b
+
+
+def test_buckets_bound_padding_and_size():
+    lengths = [100, 98, 90, 60, 59, 10, 9, 9, 1]  # longest first, as prefill sorts them
+    out = buckets(lengths)
+    assert sorted(i for b in out for i in b) == list(range(len(lengths)))
+    for bucket in out:
+        width = lengths[bucket[0]]
+        real = sum(lengths[i] for i in bucket)
+        assert len(bucket) * width - real <= PAD_SHARE * len(bucket) * width
+        assert len(bucket) * width <= MAX_BUCKET_TOKENS or len(bucket) == 1
+    assert out == [[0, 1, 2, 3, 4], [5, 6, 7], [8]]  # similar lengths share a forward, 100 and 10 do not
