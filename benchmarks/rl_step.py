@@ -3,6 +3,7 @@ rollout worker and the trainer.
 
     python benchmarks/rl_step.py --model DIR [--steps 6] [--runs sync:off,sync:rs,async:rs@1/1,async:rs@0/0]
                                  [--k auto] [--group-size 8] [--batch-prompts 8] [--max-new-tokens 384]
+                                 [--difficulty 3]   # the long-response configuration
 
 DIR is a policy with a trained MTP head. A run is MODE:SPEC[@ROLLOUT_THREADS/TRAIN_THREADS][+OPTION...]
 (0 = torch's default, every core; an OPTION is `compile` (--compile on), `vllm` (--engine vllm, with vLLM's
@@ -58,13 +59,16 @@ def main() -> None:
     parser.add_argument("--batch-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--task", default="math")
+    parser.add_argument("--difficulty", type=int, default=1,
+                        help="task difficulty; 3 is the long-response configuration (math: longer worked answers, "
+                             "where rollouts are most of the step)")
     parser.add_argument("--micro-batch-size", type=int, default=0, help="RLConfig.micro_batch_size (0: not passed)")
     args = parser.parse_args()
     base = None
     for run in map(parse_run, args.runs.split(",")):
         cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=run["mode"], spec=run["spec"],
                        k=parse_k(args.k) if run["spec"] != "off" else RLConfig.k, group_size=args.group_size,
-                       batch_prompts=args.batch_prompts,
+                       batch_prompts=args.batch_prompts, difficulty=args.difficulty,
                        max_new_tokens=args.max_new_tokens, save_every=args.steps,
                        rollout_threads=run["rollout_threads"], train_threads=run["train_threads"],
                        **run["extra"],

@@ -9,9 +9,9 @@ live rows), or `longtail`: 64 task prompts stopping at their stop tokens, up to 
 config's lengths; meaningful with a trained policy). Each function of a category is wrapped by a timer
 (the outermost timed call owns the time, so nothing counts twice); a step runs from one speculative
 `_Run.step` (plain: one trunk forward) to the next. Per (case, arm) one JSON line: ms per decode step for
-each category, the median over --runs after a warm-up run; the prompts' prefill (in a tree before the engine's
-prefill verb: the first step, which fed the prompts) apart as `prefill_ms`; `forwards_ms` = verify + MTP, and `step_over_forwards`, a step over its forwards (the
-issue-24 target: at most 1.15). "verify_forward" is the trunk forward (plain: the decode forward) with
+each category, the median over --runs after a warm-up run; the prompts' prefill (in a tree before the
+engine's prefill verb: the first step, which fed the prompts) apart as `prefill_ms`; `forwards_ms` = verify +
+MTP, and `step_over_forwards`, a step over its forwards. "verify_forward" is the trunk forward (plain: the decode forward) with
 everything inside it: cache writes, the mask, attention. `--compile on` profiles the compiled steps (the
 trunk timed where the engine calls it; "mtp_forwards" is then the whole drafting function, its warps and
 draws included).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import time
 from collections import defaultdict
@@ -42,25 +43,30 @@ from common import machine, median
 
 plain_module = importlib.import_module("bebop.engine.generate")  # the module (bebop.engine.generate is the function)
 
-# category -> [(owner, attribute name)]: the functions whose time is that category's
+spec_step = importlib.import_module("bebop.engine.spec_step") if importlib.util.find_spec("bebop.engine.spec_step") \
+    else None  # the step's verbs as tensor functions (absent in a tree before them)
+SAMPLING = ("warp_probs", "sample", "entropy", "to_host", "_accept", "token_logprob", "_pick",
+            "_rejection_sample_from", "_target_only_sample_from")
+
+# category -> [(owner, attribute name)]: the functions whose time is that category's (a name a tree lacks is skipped)
 CATEGORIES = {
     "verify_forward": [(qwen3.CausalLM, "forward"), (qwen3.CausalLM, "logits")],
     "mtp_forwards": [(MTPHead, "forward"), (qwen3.CausalLM, "mtp_logits"), (qwen3.CausalLM, "embed")],
-    "sampling_acceptance": [(mod, name) for mod in (speculative, plain_module)
-                            for name in ("warp_probs", "sample", "entropy", "to_host")]
-                           + [(speculative, "_accept"), (plain_module, "token_logprob")],
+    "sampling_acceptance": [(mod, name) for mod in (speculative, plain_module, spec_step) if mod for name in SAMPLING],
     "cache_work": [(refresh_log.RefreshLog, "take"), (refresh_log.RefreshLog, "add"), (refresh_log.RefreshLog, "keep"),
                    (kv_cache.KVCache, "rollback"), (kv_cache.KVCache, "keep"), (speculative._Run, "_leave_finished"),
                    (plain_module, "_leave_finished"), (plain_module, "pad_chunk"), (speculative, "pad_chunk")],
 }
 
 # with --compile on, nothing a compiled graph calls may be wrapped (a timer is a graph break): the trunk is timed
-# at the engine's call (compiled or not), and the whole drafting function (refresh, chain, its warps and draws)
-# is "mtp_forwards"
+# at the engine's call (compiled or not; a speculative step's verify graph holds its warps and acceptance too),
+# and the whole drafting function (refresh, chain, its warps and draws) is "mtp_forwards"
 COMPILED_CATEGORIES = {
     **CATEGORIES,
-    "verify_forward": [(plain_module, "trunk_forward"), (speculative, "trunk_forward"), (qwen3.CausalLM, "logits")],
+    "verify_forward": [(plain_module, "trunk_forward"), (speculative, "trunk_forward"), (speculative, "verify_step"),
+                       (qwen3.CausalLM, "logits")],
     "mtp_forwards": [(speculative, "_draft")],
+    "sampling_acceptance": [(mod, name) for mod in (speculative, plain_module) for name in SAMPLING],
 }
 # the engine's prefill (each distinct prompt once, before the first step) where the tree has one: it is "step 0",
 # reported as prefill_ms; in an older tree the first step fed the whole prompt and was step 0
@@ -100,6 +106,8 @@ def instrumented(timers: Timers):
     saved = []
     for category, places in (COMPILED_CATEGORIES if ARGS.compile == "on" else CATEGORIES).items():
         for owner, name in places:
+            if not hasattr(owner, name):
+                continue
             real = getattr(owner, name)
             saved.append((owner, name, real))
             setattr(owner, name, timers.wrap(category, real, starts_step=(owner, name) in STEP_STARTS))

@@ -1,23 +1,25 @@
 """Compiled decoding steps: `--compile auto|on|off` (inductor on the CPU).
 
     steps = compile_steps(model, "on")      # or "auto" with the run's expected decode steps
-    hidden = trunk_forward(model, ids, cache, counts)       # compiled when it can be, else eager
-    hidden = mtp_forward(model, hidden, tokens, depth, mtp_cache, counts)
+    hidden = trunk_forward(model, ids, cache, counts)                    # plain decoding's step
+    drafts, draft_probs = draft_chain_step(model, head_cache, ...)     # a speculative step's two verbs
+    hidden, host = verify_step(model, cache, ids, counts, is_draft, drafts, draft_probs, draws, ...)
 
-What compiles: the trunk forward over a chunk of at most MAX_COMPILED_CHUNK tokens (a plain decode
-step, a verify over k+1 tokens) and the MTP head's forwards (the refresh and the drafting steps), each
-through `torch.compile(fullgraph=True)` over bebop.model.static_cache's view of the preallocated KV
-cache (views of its used span, written in place), so a step's graph depends on no host state. The
-batch and span dimensions are dynamic: one graph serves every live-batch size from 2 up (one more
-for batch 1, which torch specialises) and every span, so a step at any batch size and length, a
-run with other prompts and every RL step reuse it, with no padding rows; the chunk length is dynamic
-from 2 up (a graph for plain steps, one for every verify width: `--k auto` choosing a new k mid-run
-compiles nothing). Weights are graph inputs, and the graphs guard on
-the module's structure, not its identity: an optimizer's in-place update (each RL step) and a
-copy of the same shape reuse them. The MTP refresh (depth 1 over each row's newly valid positions, a
-ragged chunk of 1..k+1 tokens in a decode step) compiles with its chunk length dynamic too. What stays
-eager: a prefill, a catch-up refresh longer than MAX_COMPILED_CHUNK, a hybrid trunk (Gated DeltaNet
-states).
+What compiles, each through `torch.compile(fullgraph=True)` over bebop.model.static_cache's view of the
+preallocated KV cache (views of its used span, written in place), so a graph depends on no host state:
+- plain decoding: the trunk forward over a chunk of at most MAX_COMPILED_CHUNK tokens;
+- a speculative step (engine/spec_step.py): the drafting chain (the head's refresh over a decode step's
+  k + 1 positions, its k - 1 drafting forwards, every warp and draw) and the verify (the trunk forward over
+  k + 1 tokens, the warps, the plain draw, the RS / TO acceptance, log-probs, entropies, the finiteness
+  check), one graph each per k, with the step's uniforms passed in. A step is then two graph calls and
+  one host read, whatever k.
+The batch and span dimensions are dynamic: one graph serves every live-batch size from 2 up (one more
+for batch 1, which torch specialises) and every span, so a step at any batch size and length, a run
+with other prompts and every RL step reuse it, with no padding rows. `--k auto` compiles the graphs of
+a k the first time it chooses it. Weights are graph inputs, and the graphs guard on the module's
+structure, not its identity: an optimizer's in-place update (each RL step) and a copy of the same shape
+reuse them. What stays eager (the same functions, uncompiled): a prefill, a catch-up refresh after plain
+steps, a step that feeds an observation, a hybrid trunk (Gated DeltaNet states).
 
 Compiled code is cached on disk by inductor (TORCHINDUCTOR_CACHE_DIR, by default under /tmp):
 measured on the embedded default, a graph costs 25-40 s the first time on this 2-core VM and
@@ -33,6 +35,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import Counter
+from typing import Any
 
 import torch
 
@@ -154,7 +157,7 @@ class CompiledSteps:
         self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "chain", "verify"
 
     def run(self, name: str, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
-            dynamic_chunk: bool = False) -> torch.Tensor:
+            dynamic_chunk: bool = False) -> Any:
         """fn(model, views of the cache's used span, *args), the host span advanced as an eager forward does;
         `eager()` instead when compiling fails. `dynamic_chunk`: dimension 1 of the chunk's (B, T, ...) inputs is
         dynamic (one graph for every chunk length from 2 up)."""

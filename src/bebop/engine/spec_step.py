@@ -100,9 +100,12 @@ def verify(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Ten
     accepted = torch.zeros(rows, dtype=torch.long, device=device)  # (R,)
     finite = torch.isfinite(logits).reshape(rows, -1).all(1)  # (R,)
     if k:
-        accept = _rejection_sample_from if mode == "rs" else _target_only_sample_from
-        args = (drafts, draft_probs, target_probs) if mode == "rs" else (drafts, target_probs)
-        spec_tokens, spec_accepted = accept(*args, draws[:, 1:k + 1], draws[:, k + 1])
+        if mode == "rs":
+            spec_tokens, spec_accepted = _rejection_sample_from(drafts, draft_probs, target_probs, draws[:, 1:k + 1],
+                                                                draws[:, k + 1])
+        else:
+            spec_tokens, spec_accepted = _target_only_sample_from(drafts, target_probs, draws[:, 1:k + 1],
+                                                                  draws[:, k + 1])
         tokens = torch.where(is_draft[:, None], spec_tokens, tokens)
         accepted = torch.where(is_draft, spec_accepted, accepted)
         finite = finite & torch.isfinite(draft_probs).reshape(rows, -1).all(1)

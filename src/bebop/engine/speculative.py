@@ -36,16 +36,15 @@ import torch
 
 from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.compiled import draft_chain_step, verify_step
-from bebop.engine.generate import (cache_capacity, check_prompts, live_rows, pad_chunk, prefill_prompts,
-                                   rows_to_keep)
+from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, prefill_prompts, rows_to_keep
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.records import Generation
 from bebop.engine.refresh_log import RefreshLog
 from bebop.engine.rows import Observer, RowBook
+from bebop.engine.spec_step import step_draws
 from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
-from bebop.engine.spec_step import step_draws
 from bebop.sampling import SamplingParams
 from bebop.sampling.warp import NONFINITE_MESSAGE
 
