@@ -119,3 +119,18 @@ def test_rl_sampler_compiles_its_engine_and_a_resume_may_change_compile(spec_mod
     assert run_identity({**cfg.__dict__, "lr": 1.0}) != run_identity(cfg.__dict__)
     with pytest.raises(BebopError, match="--compile"):
         RLConfig(model="m", compile="fast")
+
+
+def test_compile_warmup_is_counted_apart_from_decoding(spec_model):
+    """The seconds of the calls that compiled a graph are the warm-up (`compile_warmup_s` in generate's metrics);
+    a later run that compiles nothing adds none."""
+    model = copy.deepcopy(spec_model)
+    torch._dynamo.reset()  # graphs compiled earlier in this process would serve this model: compile anew
+    assert compiled.compile_steps(model, "on")
+    prompts = ids_of(PROMPTS[:2])
+    generate(model, prompts, max_new_tokens=4, sampling=GREEDY)
+    first = compiled.compile_seconds(model)
+    assert first > 0
+    generate(model, prompts, max_new_tokens=4, sampling=GREEDY)
+    assert compiled.compile_seconds(model) == first
+    assert compiled.compile_seconds(spec_model) == 0.0  # an eager model spends none

@@ -14,7 +14,7 @@ from bebop.chat import check_messages
 from bebop.commands.flags import check_at_least_one
 from bebop.engine import FINISH_CONTEXT, generate
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import compile_steps, expected_decode_steps
+from bebop.engine.compiled import compile_seconds, compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.speculative import AUTO, check_spec_flags, parse_k, speculative_generate
 from bebop.engine.step_costs import step_costs
@@ -106,10 +106,14 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
     if args.engine == "bebop":
         compile_steps(policy.model, args.compile, expected_decode_steps(len(prompts), args.batch_size,
                                                                         args.max_new_tokens))
+    compiled_before = compile_seconds(policy.model)
     with start_vllm(policy, args) or nullcontext() as server:
         rows, spec, elapsed = _generate_batches(policy, prompts, args, controller, server)
     tokens = sum(len(row["token_ids"]) for row in rows)
-    metrics = {"elapsed_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else 0.0}
+    warmup = compile_seconds(policy.model) - compiled_before  # compiling the steps, inside elapsed
+    metrics = {"elapsed_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else 0.0,
+               "compile_warmup_s": warmup,
+               "decode_tokens_per_s": tokens / (elapsed - warmup) if elapsed > warmup else 0.0}
     return rows, {**metrics, **(spec.to_dict() if spec else {})}
 
 

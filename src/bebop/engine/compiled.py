@@ -33,6 +33,7 @@ adds exact zeros), so every lossless and T=0 guarantee holds on the compiled pat
 from __future__ import annotations
 
 import sys
+import time
 import weakref
 from collections import Counter
 from typing import Any
@@ -155,6 +156,7 @@ class CompiledSteps:
         self.verify = torch.compile(_verify, fullgraph=True, dynamic=False)
         self.failed: str | None = None
         self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "chain", "verify"
+        self.compile_s = 0.0  # seconds of the calls that compiled (or loaded from inductor's cache) a new graph
 
     def run(self, name: str, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
             dynamic_chunk: bool = False) -> Any:
@@ -178,6 +180,7 @@ class CompiledSteps:
             for a in args:
                 if isinstance(a, torch.Tensor) and a.dim() >= 2:
                     torch._dynamo.mark_dynamic(a, 1)
+        graphs, start = _graphs(), time.perf_counter()
         try:
             out = fn(model, k, v, cache.lengths, *args)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
@@ -186,9 +189,21 @@ class CompiledSteps:
             self.failed = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
             _say(f"compiling the decoding step failed ({self.failed})")
             return eager()
+        if _graphs() != graphs:  # this call compiled: its time is warm-up, not decoding
+            self.compile_s += time.perf_counter() - start
         cache.span += chunk_len
         self.calls[name] += 1
         return out
+
+
+def _graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def compile_seconds(model: CausalLM) -> float:
+    """Seconds `model`'s compiled steps spent compiling so far (0 when it decodes eagerly)."""
+    steps = _STEPS.get(model)
+    return steps.compile_s if steps is not None else 0.0
 
 
 def _is_compile_error(err: Exception) -> bool:
