@@ -36,7 +36,7 @@ from bebop.model.kv_cache import KVCache
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams, entropy, warp_probs
 from bebop.sampling.acceptance import _rejection_sample_from, _target_only_sample_from
-from bebop.sampling.warp import inverse_cdf
+from bebop.sampling.warp import inverse_cdf, pack_host
 
 
 def step_draws(rows: int, k: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -98,7 +98,6 @@ def verify(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Ten
     plain = _pick(target_probs[:, 0], draws[:, 0], sampling.greedy)  # (R,)
     tokens = torch.cat([plain[:, None], plain.new_full((rows, k), -1)], dim=1)  # (R, k+1)
     accepted = torch.zeros(rows, dtype=torch.long, device=device)  # (R,)
-    finite = torch.isfinite(logits).reshape(rows, -1).all(1)  # (R,)
     if k:
         if mode == "rs":
             spec_tokens, spec_accepted = _rejection_sample_from(drafts, draft_probs, target_probs, draws[:, 1:k + 1],
@@ -108,8 +107,6 @@ def verify(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Ten
                                                                   draws[:, k + 1])
         tokens = torch.where(is_draft[:, None], spec_tokens, tokens)
         accepted = torch.where(is_draft, spec_accepted, accepted)
-        finite = finite & torch.isfinite(draft_probs).reshape(rows, -1).all(1)
     logprobs = torch.log(target_probs.gather(-1, tokens.clamp_min(0)[..., None])[..., 0])  # (R, k+1)
-    host = torch.cat([tokens.double(), logprobs.double(), entropy(target_probs).double(), accepted[:, None].double(),
-                      finite[:, None].double()], dim=1)  # (R, 3(k+1) + 2)
+    host = pack_host([tokens, logprobs, entropy(target_probs), accepted], logits, draft_probs)  # (R, 3(k+1) + 2)
     return hidden, host

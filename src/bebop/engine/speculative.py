@@ -46,7 +46,7 @@ from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams
-from bebop.sampling.warp import NONFINITE_MESSAGE
+from bebop.sampling.warp import read_host
 
 SPEC_MODES = ("to", "rs")
 MAX_K = 8
@@ -184,10 +184,7 @@ class _Run:
         elif self.log.positions * len(self.live) * self.model.config.hidden_size > LOG_LIMIT:
             self._refresh(0, draws[:, :0])
         hidden, host_rows = self._verify(k, pending, drafting, drafts, draft_probs, draws[:, k:])
-        host = host_rows.tolist()  # the step's one host sync
-        if not all(row[-1] for row in host):
-            raise BebopError(NONFINITE_MESSAGE)
-        host = [row[:-1] for row in host]
+        host = read_host(host_rows)  # the step's one host sync
         self._emit(k, pending, drafting, host, hidden)
         if self.controller and typical:  # a decode step with no catch-up: its time fits the cost model
             self.controller.observe(generating, k, time.perf_counter() - t0,

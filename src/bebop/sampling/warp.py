@@ -53,9 +53,21 @@ NONFINITE_MESSAGE = "logits contain NaN or inf (a diverged or corrupt model?)"
 def to_host(columns: list[torch.Tensor], *checked: torch.Tensor) -> list[list[float]]:
     """The decoding loops' single device->host transfer per step: the per-row columns (B, *)
     as float64 lists, with the finiteness of the `checked` tensors (B, ...) in the same transfer."""
+    return read_host(pack_host(columns, *checked))
+
+
+def pack_host(columns: list[torch.Tensor], *checked: torch.Tensor) -> torch.Tensor:
+    """The per-row columns (B, *) and the finiteness of the `checked` tensors (B, ...) as one (B, C + 1) float64
+    tensor, the last column 1.0 where the row is finite (no host sync: a compiled step returns it)."""
     batch = columns[0].shape[0]
     finite = torch.stack([torch.isfinite(t).reshape(batch, -1).all(dim=1) for t in checked]).all(0)[:, None]  # (B, 1)
-    rows = torch.cat([c.reshape(batch, -1).double() for c in columns] + [finite.double()], dim=1).tolist()
+    return torch.cat([c.reshape(batch, -1).double() for c in columns] + [finite.double()], dim=1)
+
+
+def read_host(packed: torch.Tensor) -> list[list[float]]:
+    """A `pack_host` tensor (B, C + 1) -> its rows' columns as float64 lists, the step's one host sync; a row that
+    is not finite raises."""
+    rows = packed.tolist()
     if not all(row[-1] for row in rows):
         raise BebopError(NONFINITE_MESSAGE)
     return [row[:-1] for row in rows]
