@@ -52,14 +52,13 @@ def _pick(probs: torch.Tensor, draws: torch.Tensor, greedy: bool) -> torch.Tenso
 def draft_chain(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
                 ref_count: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
                 sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """Refresh the head's cache with each row's pending positions, draft k tokens, roll the drafts back.
+    """Refresh the head's cache with each row's pending positions, draft k tokens.
 
     ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,) >= 1: each row's positions waiting for the head
-    (left-aligned); draws (R, k) -> drafts (R, k) int64, draft_probs (R, k, V) float32. The head cache's
-    lengths end at their start + ref_count (the refresh kept, the drafts' entries rolled back)."""
+    (left-aligned); draws (R, k) -> drafts (R, k) int64, draft_probs (R, k, V) float32. The head cache is left
+    advanced over the drafts; the engine rolls it back to its start + ref_count (for any drafter)."""
     mtp = model.require_mtp()
     rows = ref_hidden.shape[0]
-    start = head_cache.lengths.clone()  # (R,)
     out = mtp(ref_hidden, model.embed(ref_tokens), 1, head_cache, ref_count)  # (R, W, H): the refresh
     hidden = out[torch.arange(rows, device=out.device), (ref_count - 1).clamp_min(0)]  # (R, H): depth 1's
     ones = torch.ones_like(ref_count)
@@ -71,7 +70,6 @@ def draft_chain(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, 
         q = warp_probs(model.mtp_logits(hidden), sampling)  # (R, V)
         tokens.append(_pick(q, draws[:, depth - 1], sampling.greedy or mode != "rs"))
         probs.append(q)
-    head_cache.lengths.copy_(start + ref_count)
     if not k:  # a refresh alone
         return ref_tokens.new_zeros(rows, 0), hidden.new_zeros(rows, 0, model.config.vocab_size, dtype=torch.float32)
     return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
