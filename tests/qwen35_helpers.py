@@ -86,3 +86,14 @@ def save_hf_multimodal(path, seed: int = 0, max_shard_size: str = "60KB"):
             p.data = p.data.float()
     model.save_pretrained(path, max_shard_size=max_shard_size)
     return model
+
+
+def headed_hybrid(path):
+    """A tiny hybrid saved by transformers into `path`, loaded by bebop with a fresh MTP head (seed 0)."""
+    from bebop.model import load_model
+
+    make_hf_qwen35(seed=3).save_pretrained(path)
+    model = load_model(path)
+    model.attach_mtp(1, torch.Generator().manual_seed(0))
+    assert model.config.linear_layers and model.mtp is not None
+    return model

@@ -12,7 +12,7 @@ from bebop.engine import generate
 from bebop.engine import speculative as spec
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
-from qwen35_helpers import make_hf_qwen35
+from qwen35_helpers import headed_hybrid, make_hf_qwen35
 from test_live_batch import test_sampled_output_is_lossless_with_plain_steps_and_early_stops as _lossless_live
 from test_speculative import test_observations_prefilled_then_drafting_resumes as _observations
 from test_speculative import test_ragged_acceptance_keeps_greedy_output as _ragged
@@ -23,12 +23,7 @@ from spec_helpers import EOS, PROMPTS, ids_of, oracle_drafter
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen35_spec")
-    make_hf_qwen35(seed=3).save_pretrained(path)
-    model = load_model(path)
-    model.attach_mtp(1, torch.Generator().manual_seed(0))
-    assert model.config.linear_layers and model.mtp is not None
-    return model
+    return headed_hybrid(tmp_path_factory.mktemp("qwen35_spec"))
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])

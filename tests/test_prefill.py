@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from bebop.engine.prefill import MAX_BUCKET_TOKENS, PAD_SHARE, buckets, prefill
-from bebop.model import load_model
-from qwen35_helpers import make_hf_qwen35
+from qwen35_helpers import headed_hybrid
 
 from spec_helpers import PROMPTS, ids_of
 
@@ -22,11 +21,7 @@ def _grpo_batch():
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen35_prefill")
-    make_hf_qwen35(seed=3).save_pretrained(path)
-    model = load_model(path)
-    model.attach_mtp(1, torch.Generator().manual_seed(0))
-    return model
+    return headed_hybrid(tmp_path_factory.mktemp("qwen35_prefill"))
 
 
 def _prefill_rows(model, prompts):
