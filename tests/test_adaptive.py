@@ -6,7 +6,7 @@ import pytest
 
 from bebop.engine import generate
 from bebop.engine import speculative as spec
-from bebop.engine.adaptive import PROBE_EVERY, AcceptanceEstimate, AdaptiveK
+from bebop.engine.adaptive import PROBE_BAND, PROBE_EVERY, AcceptanceEstimate, AdaptiveK
 from bebop.engine.step_costs import MAX_JUMP, StepCosts, profile, step_costs
 from bebop.errors import BebopError
 from bebop.sampling import SamplingParams
@@ -79,14 +79,31 @@ def test_measured_steps_correct_the_profile():
     assert _measured(policy, 1).choose(1) == 3  # another live-batch size keeps its own ratios
 
 
-def test_the_kind_not_chosen_is_probed_again():
-    policy = _measured(AdaptiveK(4, _costs(per_token=1.0, fixed=0.0, mtp=0.5, max_k=4)), 64)
+def _run_steps(policy: AdaptiveK, rows: int, steps: int) -> list[int]:
+    """The k chosen at each of `steps` decode steps over `rows` rows, each measured as profiled."""
     choices = []
-    for _ in range(PROBE_EVERY + 3):
-        k = policy.choose(64)
+    for _ in range(steps):
+        k = policy.choose(rows)
         choices.append(k)
-        policy.observe(64, k, policy.costs.profiled(64, k), [])
-    assert choices[0] == 0 and choices.count(0) == len(choices) - 1  # plain, but drafting measured again once
+        policy.observe(rows, k, policy.costs.profiled(rows, k), [])
+    return choices
+
+
+def test_the_kind_not_chosen_is_probed_again():
+    # drafting predicted just short of the margin (edge 0.99): within the band, so it is measured again
+    policy = AdaptiveK(4, _costs(per_token=0.6 / 64, fixed=1.0, mtp=0.2, max_k=4))
+    assert PROBE_BAND < policy.drafting_edge(64, policy.best_draft(64)) < 1
+    choices = _run_steps(policy, 64, PROBE_EVERY + 3)
+    assert choices[0] == 0 and choices[1] > 0  # each kind measured once
+    assert choices[2] == 0 and choices[2:].count(0) == len(choices) - 3  # plain, drafting measured again once
+
+
+def test_drafting_that_cannot_win_is_never_probed():
+    """A compute-bound live batch (a verify over k + 1 tokens costs k + 1 plain steps): every step plain,
+    the first drafting measurement included, so `--k auto` costs what plain decoding does."""
+    policy = AdaptiveK(4, _costs(per_token=1.0, fixed=0.0, mtp=0.5, max_k=4))
+    assert policy.drafting_edge(64, policy.best_draft(64)) < PROBE_BAND
+    assert _run_steps(policy, 64, 3 * PROBE_EVERY) == [0] * (3 * PROBE_EVERY)
 
 
 def test_one_slow_step_moves_the_estimate_a_bounded_amount():

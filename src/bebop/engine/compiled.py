@@ -2,24 +2,25 @@
 
     steps = compile_steps(model, "on")      # or "auto" with the run's expected decode steps
     hidden = trunk_forward(model, ids, cache, counts)                    # plain decoding's step
-    drafts, draft_probs = draft_chain_step(model, head_cache, ...)     # a speculative step's two verbs
+    drafts, draft_probs = draft_chain_step(model, head_cache, ...)     # a speculative step's two verbs:
     hidden, host = verify_step(model, cache, ids, counts, is_draft, drafts, draft_probs, draws, ...)
 
 What compiles, each through `torch.compile(fullgraph=True)` over bebop.model.static_cache's view of the
 preallocated KV cache (views of its used span, written in place), so a graph depends on no host state:
 - plain decoding: the trunk forward over a chunk of at most MAX_COMPILED_CHUNK tokens;
-- a speculative step (engine/spec_step.py): the drafting chain (the head's refresh over a decode step's
-  k + 1 positions, its k - 1 drafting forwards, every warp and draw) and the verify (the trunk forward over
-  k + 1 tokens, the warps, the plain draw, the RS / TO acceptance, log-probs, entropies, the finiteness
-  check), one graph each per k, with the step's uniforms passed in. A step is then two graph calls and
-  one host read, whatever k.
-The batch and span dimensions are dynamic: one graph serves every live-batch size from 2 up (one more
-for batch 1, which torch specialises) and every span, so a step at any batch size and length, a run
-with other prompts and every RL step reuse it, with no padding rows. `--k auto` compiles the graphs of
-a k the first time it chooses it. Weights are graph inputs, and the graphs guard on the module's
-structure, not its identity: an optimizer's in-place update (each RL step) and a copy of the same shape
-reuse them. What stays eager (the same functions, uncompiled): a prefill, a catch-up refresh after plain
-steps, a step that feeds an observation, a hybrid trunk (Gated DeltaNet states).
+- a speculative step (engine/spec_step.py): the head's refresh over the positions pending for it (its
+  depth-1 warp and draw), each drafting forward after it (with one head layer, one graph serves every
+  depth), and the verify (the trunk forward over k + 1 tokens, the warps, the plain draw, the RS / TO
+  acceptance, log-probs, entropies, the finiteness check), with the step's uniforms passed in. k is a
+  dynamic dimension of the verify (one graph for k = 1, which torch specialises, one for every k from 2)
+  and of the refresh's width, so a fixed K and `--k auto` use the same few graphs: a step is k + 1 graph
+  calls and one host read.
+The batch and span dimensions are dynamic too: one graph serves every live-batch size from 2 up (one
+more for batch 1) and every span, so a step at any batch size, length and k, a run with other prompts
+and every RL step reuse it, with no padding rows. Weights are graph inputs, and the graphs guard on the
+module's structure, not its identity: an optimizer's in-place update (each RL step) and a copy of the
+same shape reuse them. What stays eager (the same functions, uncompiled): a prefill, a catch-up refresh
+wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid trunk (Gated DeltaNet states).
 
 Compiled code is cached on disk by inductor (TORCHINDUCTOR_CACHE_DIR, by default under /tmp):
 measured on the embedded default, a graph costs 25-40 s the first time on this 2-core VM and
@@ -40,7 +41,7 @@ from typing import Any
 
 import torch
 
-from bebop.engine.spec_step import draft_chain, verify
+from bebop.engine.spec_step import draft_chain, draft_next, draft_refresh, verify
 from bebop.errors import BebopError
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import rope_table
@@ -106,29 +107,47 @@ def trunk_forward(model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: to
 def draft_chain_step(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
                      ref_count: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
                      sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """spec_step.draft_chain, as one compiled graph per k where it can be: a refresh width of k + 1 (a decode step's;
-    a catch-up over skipped steps, or k = 0, runs eager)."""
+    """spec_step.draft_chain with its refresh and each drafting forward compiled where they can be: one refresh
+    graph for every width from 2 to MAX_COMPILED_CHUNK (a longer catch-up runs eager) and one drafting graph per
+    head layer, whatever k."""
     steps = _STEPS.get(model)
-    eager = lambda: draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws,  # noqa: E731
-                                k=k, mode=mode, sampling=sampling)
-    if steps is None or steps.failed or not k or ref_hidden.shape[1] != k + 1:
-        return eager()
-    return steps.run("chain", steps.chain, eager, model, head_cache, ref_hidden.shape[1] + k - 1,
-                     ref_hidden.contiguous(), ref_tokens, ref_count, draws, k, mode, sampling)
+    if steps is None or steps.failed:
+        return draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws, k=k, mode=mode,
+                           sampling=sampling)
+    layers = model.require_mtp().num_layers
+
+    def refresh(model, cache, hidden, tokens, count, column, *, mode, sampling):
+        eager = lambda: draft_refresh(model, cache, hidden, tokens, count, column, mode=mode,  # noqa: E731
+                                      sampling=sampling)
+        if not 1 < hidden.shape[1] <= MAX_COMPILED_CHUNK:
+            return eager()
+        return steps.run("refresh", steps.refresh, eager, model, cache, hidden.shape[1], hidden.contiguous(),
+                         tokens, count, column, mode, sampling, dynamic_chunk=True)
+
+    def step(model, cache, hidden, token, column, *, depth, mode, sampling):
+        # with one layer every depth >= 2 is the same forward: one graph (with L layers, depth matters mod L
+        # and through the entries it hides)
+        depth = depth if layers > 1 else 2
+        eager = lambda: draft_next(model, cache, hidden, token, column, depth=depth, mode=mode,  # noqa: E731
+                                   sampling=sampling)
+        return steps.run("draft", steps.draft, eager, model, cache, 1, hidden, token, column, depth, mode, sampling)
+
+    return draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws, k=k, mode=mode,
+                       sampling=sampling, refresh=refresh, step=step)
 
 
 def verify_step(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Tensor, is_draft: torch.Tensor,
                 drafts: torch.Tensor, draft_probs: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
                 sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """spec_step.verify, as one compiled graph per k where it can be: a chunk of k + 1 tokens (an observation's
-    longer chunk runs eager)."""
+    """spec_step.verify, compiled where it can be: one graph for k = 1 and one for every k from 2 (the chunk of k + 1
+    tokens, the drafts and the draws dynamic in k); an observation's longer chunk runs eager."""
     steps = _STEPS.get(model)
     eager = lambda: verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws,  # noqa: E731
                            k=k, mode=mode, sampling=sampling)
-    if steps is None or steps.failed or ids.shape[1] != k + 1:
+    if steps is None or steps.failed or not k or ids.shape[1] != k + 1:
         return eager()
     return steps.run("verify", steps.verify, eager, model, cache, ids.shape[1], ids, counts, is_draft, drafts,
-                     draft_probs, draws, k, mode, sampling)
+                     draft_probs, draws, mode, sampling, dynamic_chunk=k > 1)
 
 
 def _trunk(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
@@ -136,14 +155,20 @@ def _trunk(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], length
     return model(ids, StaticView(k, v, lengths), counts)
 
 
-def _chain(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, *args):
+def _refresh(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, *args):
+    *tensors, mode, sampling = args
+    return draft_refresh(model, StaticView(k, v, lengths), *tensors, mode=mode, sampling=sampling)
+
+
+def _draft(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, *args):
     *tensors, depth, mode, sampling = args
-    return draft_chain(model, StaticView(k, v, lengths), *tensors, k=depth, mode=mode, sampling=sampling)
+    return draft_next(model, StaticView(k, v, lengths), *tensors, depth=depth, mode=mode, sampling=sampling)
 
 
 def _verify(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, *args):
-    *tensors, depth, mode, sampling = args
-    return verify(model, StaticView(k, v, lengths), *tensors, k=depth, mode=mode, sampling=sampling)
+    *tensors, mode, sampling = args
+    drafts = tensors[3]  # (R, k): k is its width, dynamic from 2 up
+    return verify(model, StaticView(k, v, lengths), *tensors, k=drafts.shape[1], mode=mode, sampling=sampling)
 
 
 class CompiledSteps:
@@ -152,10 +177,12 @@ class CompiledSteps:
     def __init__(self) -> None:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.trunk = torch.compile(_trunk, fullgraph=True, dynamic=False)
-        self.chain = torch.compile(_chain, fullgraph=True, dynamic=False)
+        self.refresh = torch.compile(_refresh, fullgraph=True, dynamic=False)
+        self.draft = torch.compile(_draft, fullgraph=True, dynamic=False)
         self.verify = torch.compile(_verify, fullgraph=True, dynamic=False)
         self.failed: str | None = None
-        self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "chain", "verify"
+        self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "refresh",
+        # "draft" (one drafting forward), "verify"
         self.compile_s = 0.0  # seconds of the calls that compiled (or loaded from inductor's cache) a new graph
 
     def run(self, name: str, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
@@ -176,10 +203,10 @@ class CompiledSteps:
         if cache.batch_size > 1:  # batch 1 is its own graph (torch specialises size 1)
             for t in [*k, *v, cache.lengths, *(a for a in args if isinstance(a, torch.Tensor))]:
                 torch._dynamo.mark_dynamic(t, 0)
-        if dynamic_chunk and chunk_len > 1:
+        if dynamic_chunk and chunk_len > 1:  # dimension 1 of a (B, T, ...) input: T, or k or k + 2 in a verify
             for a in args:
                 if isinstance(a, torch.Tensor) and a.dim() >= 2:
-                    torch._dynamo.mark_dynamic(a, 1)
+                    torch._dynamo.maybe_mark_dynamic(a, 1)
         graphs, start = _graphs(), time.perf_counter()
         try:
             out = fn(model, k, v, cache.lengths, *args)

@@ -49,29 +49,56 @@ def _pick(probs: torch.Tensor, draws: torch.Tensor, greedy: bool) -> torch.Tenso
     return probs.argmax(-1) if greedy else inverse_cdf(probs, draws)
 
 
+def draft_refresh(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                  ref_count: torch.Tensor, draws: torch.Tensor, *, mode: str,
+                  sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The head's refresh over each row's pending positions, whose last gives depth 1's draft.
+
+    ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,) >= 1 (left-aligned), draws (R,) -> the depth-1 output
+    hidden (R, H), draft (R,) int64, its distribution q_1 (R, V) float32."""
+    mtp = model.require_mtp()
+    rows = ref_hidden.shape[0]
+    out = mtp(ref_hidden, model.embed(ref_tokens), 1, head_cache, ref_count)  # (R, W, H)
+    hidden = out[torch.arange(rows, device=out.device), (ref_count - 1).clamp_min(0)]  # (R, H)
+    return _draft_from(model, hidden, draws, mode, sampling)
+
+
+def draft_next(model: CausalLM, head_cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, draws: torch.Tensor,
+               *, depth: int, mode: str, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One drafting forward at `depth` >= 2: hidden (R, H) and token (R,) of the depth before, draws (R,) ->
+    this depth's hidden (R, H), draft (R,), q_depth (R, V)."""
+    ones = torch.ones(hidden.shape[0], dtype=torch.long, device=hidden.device)  # (R,)
+    out = model.require_mtp()(hidden[:, None], model.embed(token[:, None]), depth, head_cache, ones)  # (R, 1, H)
+    return _draft_from(model, out[:, 0], draws, mode, sampling)
+
+
+def _draft_from(model: CausalLM, hidden: torch.Tensor, draws: torch.Tensor, mode: str,
+                sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = warp_probs(model.mtp_logits(hidden), sampling)  # (R, V)
+    return hidden, _pick(q, draws, sampling.greedy or mode != "rs"), q
+
+
 def draft_chain(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
                 ref_count: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
-                sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+                sampling: SamplingParams, refresh=draft_refresh, step=draft_next) -> tuple[torch.Tensor, torch.Tensor]:
     """Refresh the head's cache with each row's pending positions, draft k tokens.
 
     ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,) >= 1: each row's positions waiting for the head
     (left-aligned); draws (R, k) -> drafts (R, k) int64, draft_probs (R, k, V) float32. The head cache is left
-    advanced over the drafts; the engine rolls it back to its start + ref_count (for any drafter)."""
-    mtp = model.require_mtp()
+    advanced over the drafts; the engine rolls it back to its start + ref_count (for any drafter).
+    `refresh`, `step`: draft_refresh and draft_next or functions computing the same (the compiled ones)."""
     rows = ref_hidden.shape[0]
-    out = mtp(ref_hidden, model.embed(ref_tokens), 1, head_cache, ref_count)  # (R, W, H): the refresh
-    hidden = out[torch.arange(rows, device=out.device), (ref_count - 1).clamp_min(0)]  # (R, H): depth 1's
-    ones = torch.ones_like(ref_count)
-    tokens: list[torch.Tensor] = []  # (R,) per depth
-    probs: list[torch.Tensor] = []  # (R, V) per depth
-    for depth in range(1, k + 1):
-        if depth > 1:
-            hidden = mtp(hidden[:, None], model.embed(tokens[-1][:, None]), depth, head_cache, ones)[:, 0]  # (R, H)
-        q = warp_probs(model.mtp_logits(hidden), sampling)  # (R, V)
-        tokens.append(_pick(q, draws[:, depth - 1], sampling.greedy or mode != "rs"))
+    column = draws[:, 0] if k else draws.new_zeros(rows)  # (R,): k = 0 refreshes alone, its draft unused
+    hidden, token, q = refresh(model, head_cache, ref_hidden, ref_tokens, ref_count, column, mode=mode,
+                               sampling=sampling)
+    if not k:
+        return ref_tokens.new_zeros(rows, 0), q.new_zeros(rows, 0, model.config.vocab_size)
+    tokens, probs = [token], [q]  # (R,), (R, V) per depth
+    for depth in range(2, k + 1):
+        hidden, token, q = step(model, head_cache, hidden, token, draws[:, depth - 1], depth=depth, mode=mode,
+                                sampling=sampling)
+        tokens.append(token)
         probs.append(q)
-    if not k:  # a refresh alone
-        return ref_tokens.new_zeros(rows, 0), hidden.new_zeros(rows, 0, model.config.vocab_size, dtype=torch.float32)
     return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
 
@@ -86,6 +113,7 @@ def verify(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Ten
     draws (R, k + 2) -> hidden (R, Wc, H), host (R, 3(k+1) + 2) float64 (module docstring)."""
     rows = ids.shape[0]
     device = ids.device
+    assert drafts.shape[1] == k, (drafts.shape, k)  # a compiled graph passes its (dynamic) width here
     if k:
         ids = torch.cat([ids[:, :1], torch.where(is_draft[:, None], drafts, ids[:, 1:k + 1]), ids[:, k + 1:]], dim=1)
     hidden = model(ids, cache, counts)  # (R, Wc, H)
@@ -99,10 +127,10 @@ def verify(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Ten
     if k:
         if mode == "rs":
             spec_tokens, spec_accepted = _rejection_sample_from(drafts, draft_probs, target_probs, draws[:, 1:k + 1],
-                                                                draws[:, k + 1])
+                                                                draws[:, -1])
         else:
             spec_tokens, spec_accepted = _target_only_sample_from(drafts, target_probs, draws[:, 1:k + 1],
-                                                                  draws[:, k + 1])
+                                                                  draws[:, -1])
         tokens = torch.where(is_draft[:, None], spec_tokens, tokens)
         accepted = torch.where(is_draft, spec_accepted, accepted)
     logprobs = torch.log(target_probs.gather(-1, tokens.clamp_min(0)[..., None])[..., 0])  # (R, k+1)

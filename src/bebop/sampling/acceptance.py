@@ -195,7 +195,7 @@ def _finish(
     batch, k = draft_tokens.shape
     has_mass = (residual > 0).any(dim=-1, keepdim=True)  # (B, 1)
     recover = torch.where(has_mass, residual, p_at.to(residual.dtype))  # (B, V)
-    bonus = target_probs[:, k].to(residual.dtype)  # (B, V) p_{K+1}
+    bonus = target_probs[:, -1].to(residual.dtype)  # (B, V) p_{K+1} (an index from the end keeps K dynamic)
     weights = torch.where((num_accepted == k)[:, None], bonus, recover)  # (B, V)
     emitted = inverse_cdf(weights, final)  # (B,) int64
 
