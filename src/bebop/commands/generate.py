@@ -100,13 +100,14 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
     args.k = parse_k(args.k)
     check_generate_args(policy, args)
     controller = None
-    if args.k == AUTO:
-        costs = step_costs(policy.model, max_rows=min(args.batch_size, len(prompts)), max_k=args.max_k)
-        controller = AdaptiveK(args.max_k, costs)  # one per command: acceptance carries across batches
     if args.engine == "bebop":
         compile_steps(policy.model, args.compile, expected_decode_steps(len(prompts), args.batch_size,
                                                                         args.max_new_tokens))
     compiled_before = compile_seconds(policy.model)
+    if args.k == AUTO:  # profiled through the compiled steps when compiled, whose graphs this compiles
+        costs = step_costs(policy.model, max_rows=min(args.batch_size, len(prompts)), max_k=args.max_k,
+                           mode=args.spec, sampling=sampling_from_args(args))
+        controller = AdaptiveK(args.max_k, costs)  # one per command: acceptance carries across batches
     with start_vllm(policy, args) or nullcontext() as server:
         rows, spec, elapsed = _generate_batches(policy, prompts, args, controller, server)
     tokens = sum(len(row["token_ids"]) for row in rows)

@@ -13,12 +13,12 @@ batch, where a verify over k + 1 tokens per row is compute-bound, falls back to 
 a small one drafts deep. A plain step and a drafting step are measured first; a live-batch bucket
 (octaves: 1, 2-3, 4-7, ...) starts from its nearest measured neighbour and measures the kind it
 is not choosing again every PROBE_EVERY steps, so neither a profile that is off nor one slow step
-can lock it out of the better kind. Drafting is probed only where it could win: its predicted
-throughput within PROBE_BAND of the margin it must beat. A drafting probe is the costly kind (a
-verify over k + 1 tokens a row, the catch-up refresh over every skipped position, rows that
-desynchronise), and where the estimates put drafting far below plain steps (a large live batch on
-a CPU, where a verify is compute-bound) it cannot pay back its own cost, so `--k auto` then runs
-exactly plain decoding. Only decode steps are measured (every row feeds one token, no
+can lock it out of the better kind. Where drafting is predicted far from winning (its throughput
+below PROBE_BAND of the margin it must beat: a large live batch on a CPU, where a verify is
+compute-bound) it is probed only every FAR_PROBE_EVERY steps, the first time included: a drafting
+probe is the costly kind (a verify over k + 1 tokens a row, the catch-up refresh over every skipped
+position, rows that desynchronise), so there `--k auto` runs as plain decoding does, and a long
+run (an RL run keeps its controller) still sees a measurement that was off. Only decode steps are measured (every row feeds one token, no
 catch-up refresh): a prefill, an observation or a refresh over skipped steps would charge its cost
 to the k of that step. The decoding loop counts every decision per live-batch size
 (SpecMetrics.k_histogram).
@@ -46,6 +46,7 @@ PROBE_EVERY = 32  # measured steps after which the kind (plain / drafting) not c
 # DRAFT_MARGIN x plain's: within the error of a profile, not where it would take the estimate's level to
 # be off by more than 1 / PROBE_BAND
 PROBE_BAND = 0.75
+FAR_PROBE_EVERY = 8 * PROBE_EVERY  # measured steps between probes of drafting predicted outside the band
 
 
 class AcceptanceEstimate:
@@ -114,20 +115,19 @@ class AdaptiveK:
 
     def choose(self, rows: int) -> int:
         """`best`, with plain and drafting steps each measured first and re-probed every PROBE_EVERY steps
-        in a bucket (so the cost ratios stay current), drafting only where it could win (PROBE_BAND); only
-        probes while suspended."""
+        in a bucket (so the cost ratios stay current; drafting predicted outside PROBE_BAND every
+        FAR_PROBE_EVERY); only probes while suspended."""
         bucket = rows_bucket(rows)
         best_draft = self.best_draft(rows)
         if self.suspended:  # drafting only often enough to see the head recover
             last = self.last_measured.setdefault((bucket, True), self.steps)
             return best_draft if self.steps - last > PROBE_EVERY else 0
         for drafting, k in ((False, 0), (True, best_draft)):  # each kind measured once, then re-probed
-            if drafting and self.drafting_edge(rows, k) < PROBE_BAND:
-                return 0  # drafting cannot win here: measuring it would cost more than it could find
-            if not self.costs.has_measured(drafting):
+            far = drafting and self.drafting_edge(rows, k) < PROBE_BAND  # a probe would cost more than it finds
+            if not far and not self.costs.has_measured(drafting):
                 return k
             last = self.last_measured.setdefault((bucket, drafting), self.steps)  # a new bucket borrows
-            if self.steps - last > PROBE_EVERY:
+            if self.steps - last > (FAR_PROBE_EVERY if far else PROBE_EVERY):
                 return k
         return self.best(rows)
 

@@ -12,7 +12,8 @@ preallocated KV cache (views of its used span, written in place), so a graph dep
   depth-1 warp and draw), each drafting forward after it (with one head layer, one graph serves every
   depth), and the verify (the trunk forward over k + 1 tokens, the warps, the plain draw, the RS / TO
   acceptance, log-probs, entropies, the finiteness check), with the step's uniforms passed in. k is a
-  dynamic dimension of the verify (one graph for k = 1, which torch specialises, one for every k from 2)
+  dynamic dimension of the verify (one graph for k = 0, a plain step of `--k auto`, and one for k = 1,
+which torch specialises, one for every k from 2)
   and of the refresh's width, so a fixed K and `--k auto` use the same few graphs: a step is k + 1 graph
   calls and one host read.
 The batch and span dimensions are dynamic too: one graph serves every live-batch size from 2 up (one
@@ -104,47 +105,50 @@ def trunk_forward(model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: to
     return steps.run("trunk", steps.trunk, eager, model, cache, ids.shape[1], ids, counts, dynamic_chunk=True)
 
 
+def draft_refresh_step(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                       ref_count: torch.Tensor, draws: torch.Tensor, *, mode: str, sampling: SamplingParams):
+    """spec_step.draft_refresh, compiled where it can be: one graph for every width from 2 to MAX_COMPILED_CHUNK
+    (width 1 and a longer catch-up run eager)."""
+    steps = _STEPS.get(model)
+    eager = lambda: draft_refresh(model, head_cache, ref_hidden, ref_tokens, ref_count, draws,  # noqa: E731
+                                  mode=mode, sampling=sampling)
+    if steps is None or steps.failed or not 1 < ref_hidden.shape[1] <= MAX_COMPILED_CHUNK:
+        return eager()
+    return steps.run("refresh", steps.refresh, eager, model, head_cache, ref_hidden.shape[1], ref_hidden,
+                     ref_tokens, ref_count, draws, mode, sampling, dynamic_chunk=True)
+
+
+def draft_next_step(model: CausalLM, head_cache: KVCache, hidden: torch.Tensor, token: torch.Tensor,
+                    draws: torch.Tensor, *, depth: int, mode: str, sampling: SamplingParams):
+    """spec_step.draft_next, compiled where it can be: with one head layer every depth >= 2 is the same forward
+    and one graph serves them all (with L layers, a depth matters mod L and through the entries it hides)."""
+    steps = _STEPS.get(model)
+    depth = depth if model.require_mtp().num_layers > 1 else 2
+    eager = lambda: draft_next(model, head_cache, hidden, token, draws, depth=depth, mode=mode,  # noqa: E731
+                               sampling=sampling)
+    if steps is None or steps.failed:
+        return eager()
+    return steps.run("draft", steps.draft, eager, model, head_cache, 1, hidden, token, draws, depth, mode, sampling)
+
+
 def draft_chain_step(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
                      ref_count: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
                      sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """spec_step.draft_chain with its refresh and each drafting forward compiled where they can be: one refresh
-    graph for every width from 2 to MAX_COMPILED_CHUNK (a longer catch-up runs eager) and one drafting graph per
-    head layer, whatever k."""
-    steps = _STEPS.get(model)
-    if steps is None or steps.failed:
-        return draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws, k=k, mode=mode,
-                           sampling=sampling)
-    layers = model.require_mtp().num_layers
-
-    def refresh(model, cache, hidden, tokens, count, column, *, mode, sampling):
-        eager = lambda: draft_refresh(model, cache, hidden, tokens, count, column, mode=mode,  # noqa: E731
-                                      sampling=sampling)
-        if not 1 < hidden.shape[1] <= MAX_COMPILED_CHUNK:
-            return eager()
-        return steps.run("refresh", steps.refresh, eager, model, cache, hidden.shape[1], hidden.contiguous(),
-                         tokens, count, column, mode, sampling, dynamic_chunk=True)
-
-    def step(model, cache, hidden, token, column, *, depth, mode, sampling):
-        # with one layer every depth >= 2 is the same forward: one graph (with L layers, depth matters mod L
-        # and through the entries it hides)
-        depth = depth if layers > 1 else 2
-        eager = lambda: draft_next(model, cache, hidden, token, column, depth=depth, mode=mode,  # noqa: E731
-                                   sampling=sampling)
-        return steps.run("draft", steps.draft, eager, model, cache, 1, hidden, token, column, depth, mode, sampling)
-
+    """spec_step.draft_chain over draft_refresh_step and draft_next_step: a handful of graphs, whatever k."""
     return draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws, k=k, mode=mode,
-                       sampling=sampling, refresh=refresh, step=step)
+                       sampling=sampling, refresh=draft_refresh_step, step=draft_next_step)
 
 
 def verify_step(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Tensor, is_draft: torch.Tensor,
                 drafts: torch.Tensor, draft_probs: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
                 sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """spec_step.verify, compiled where it can be: one graph for k = 1 and one for every k from 2 (the chunk of k + 1
-    tokens, the drafts and the draws dynamic in k); an observation's longer chunk runs eager."""
+    """spec_step.verify, compiled where it can be: one graph for k = 0 (a plain step of a speculative run), one for
+    k = 1 and one for every k from 2 (the chunk of k + 1 tokens, the drafts and the draws dynamic in k); an
+    observation's longer chunk runs eager."""
     steps = _STEPS.get(model)
     eager = lambda: verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws,  # noqa: E731
                            k=k, mode=mode, sampling=sampling)
-    if steps is None or steps.failed or not k or ids.shape[1] != k + 1:
+    if steps is None or steps.failed or ids.shape[1] != k + 1:
         return eager()
     return steps.run("verify", steps.verify, eager, model, cache, ids.shape[1], ids, counts, is_draft, drafts,
                      draft_probs, draws, mode, sampling, dynamic_chunk=k > 1)
@@ -183,7 +187,7 @@ class CompiledSteps:
         self.failed: str | None = None
         self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "refresh",
         # "draft" (one drafting forward), "verify"
-        self.compile_s = 0.0  # seconds of the calls that compiled (or loaded from inductor's cache) a new graph
+        self.compile_s = 0.0  # seconds these steps spent compiling (or loading from inductor's cache) a graph
 
     def run(self, name: str, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
             dynamic_chunk: bool = False) -> Any:
@@ -191,6 +195,7 @@ class CompiledSteps:
         `eager()` instead when compiling fails. `dynamic_chunk`: dimension 1 of the chunk's (B, T, ...) inputs is
         dynamic (one graph for every chunk length from 2 up)."""
         cache.check_room(chunk_len)
+        args = tuple(_row_major(a) if isinstance(a, torch.Tensor) else a for a in args)
         cfg = model.config
         rope = rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, cache.capacity)  # built outside
         span = cache.span + chunk_len
@@ -207,7 +212,8 @@ class CompiledSteps:
             for a in args:
                 if isinstance(a, torch.Tensor) and a.dim() >= 2:
                     torch._dynamo.maybe_mark_dynamic(a, 1)
-        graphs, start = _graphs(), time.perf_counter()
+        _CLOCK.install()
+        compiling = _CLOCK.seconds
         try:
             out = fn(model, k, v, cache.lengths, *args)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
@@ -216,15 +222,49 @@ class CompiledSteps:
             self.failed = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
             _say(f"compiling the decoding step failed ({self.failed})")
             return eager()
-        if _graphs() != graphs:  # this call compiled: its time is warm-up, not decoding
-            self.compile_s += time.perf_counter() - start
+        self.compile_s += _CLOCK.seconds - compiling  # warm-up, not decoding
         cache.span += chunk_len
         self.calls[name] += 1
         return out
 
 
-def _graphs() -> int:
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    """`t` with row-major strides, copied only if it has others: a graph guards on its inputs' strides, even
+    over dimensions of size 1 (a column of the step's draws, a slice of them, would each be a new graph)."""
+    expected, stride = [], 1
+    for size in reversed(t.shape):
+        expected.append(stride)
+        stride *= size
+    if list(t.stride()) == expected[::-1]:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+class _CompileClock:
+    """Seconds torch has spent compiling in this process: dynamo's start and end callbacks, which bracket
+    every compile (tracing, inductor's code generation or its cache load)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start: float | None = None
+
+    def install(self) -> None:
+        """Register the callbacks (again after torch._dynamo.reset(), which drops them)."""
+        handler = torch._dynamo.callback_handler
+        if self._begin not in handler.start_callbacks:
+            handler.register_start_callback(self._begin)
+            handler.register_end_callback(self._end)
+
+    def _begin(self, _args) -> None:
+        self._start = time.perf_counter()
+
+    def _end(self, _args) -> None:
+        if self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+
+_CLOCK = _CompileClock()
 
 
 def compile_seconds(model: CausalLM) -> float:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import draft_chain_step, verify_step
+from bebop.engine.compiled import compile_seconds, draft_chain_step, verify_step
 from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, prefill_prompts, rows_to_keep
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.records import Generation
@@ -111,7 +111,8 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     model.require_mtp()
     check_prompts(prompts, model.config.max_position_embeddings, model.config.vocab_size)
     if k == AUTO and controller is None:
-        controller = AdaptiveK(max_k, step_costs(model, max_rows=len(prompts), max_k=max_k))
+        controller = AdaptiveK(max_k, step_costs(model, max_rows=len(prompts), max_k=max_k, mode=mode,
+                                                 sampling=sampling))
     run = _Run(model, prompts, k=max_k if isinstance(k, str) else k, mode=mode, max_new_tokens=max_new_tokens,
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
@@ -169,7 +170,7 @@ class _Run:
         return self.controller.choose(generating) if self.controller else self.k
 
     def step(self) -> None:
-        t0 = time.perf_counter()
+        t0, compiling = time.perf_counter(), compile_seconds(self.model)
         generating = len(live_rows(self.book, self.live))  # the live batch less the finished riding along
         pending = [self.book.pending[row] for row in self.live]
         logged = self.log.counts
@@ -186,6 +187,7 @@ class _Run:
         hidden, host_rows = self._verify(k, pending, drafting, drafts, draft_probs, draws[:, k:])
         host = read_host(host_rows)  # the step's one host sync
         self._emit(k, pending, drafting, host, hidden)
+        typical = typical and compile_seconds(self.model) == compiling  # a step that compiled a graph is warm-up
         if self.controller and typical:  # a decode step with no catch-up: its time fits the cost model
             self.controller.observe(generating, k, time.perf_counter() - t0,
                                     [int(h[-1]) for h, d in zip(host, drafting) if d])

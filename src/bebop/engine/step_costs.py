@@ -4,14 +4,16 @@
     costs.predict(rows=32, k=3)                       # seconds of one step
     costs.observe(rows=32, k=3, seconds=0.021)        # a measured step refines that prediction
 
-The prior is a profile of the two forwards a step is made of, timed on this machine with this
-model when the engine first needs it (a scratch cache; a few dozen forwards): the trunk over
-`rows x t` tokens (t = 1 for a plain step, k + 1 for a verify) and one MTP draft step over `rows`
-tokens. A step with k drafts is predicted as
+The prior is a profile of the two verbs a step is made of, timed on this machine with this model
+when the engine first needs it (a scratch cache; a few dozen calls), through the very functions the
+engine runs (bebop.engine.compiled: compiled graphs when the model's steps are compiled, so the
+profile also compiles them before decoding starts): the verify over `rows x t` tokens (the trunk, the
+LM head, warps and acceptance; t = 1 for a plain step, k + 1 for k drafts) and one drafting forward
+over `rows` tokens. A step with k drafts is predicted as
 
     trunk(rows, k + 1) + k * mtp(rows)     (the refresh over the last step's positions gives depth 1)
 
-Everything else a step does (sampling, acceptance, drafting-loop bookkeeping) is learned from
+Everything else a step does (the host's bookkeeping, the drafting loop) is learned from
 measured steps: each live-rows bucket keeps two running ratios measured / profiled, one for plain
 steps and one for drafting steps (every k shares it: the profile gives the shape in k, the ratio
 the level; a bucket not measured yet starts from the nearest measured one). A ratio is a running
@@ -28,9 +30,11 @@ import weakref
 
 import torch
 
+from bebop.engine.compiled import draft_next_step, draft_refresh_step, is_compiled, verify_step
 from bebop.engine.metrics import rows_bucket
 from bebop.model.kv_cache import KVCache
 from bebop.model.qwen3 import CausalLM
+from bebop.sampling import SamplingParams
 
 PROFILE_CONTEXT = 64  # cached positions the profiled forwards attend over
 RATIO_DECAY = 0.8  # weight of the old log ratio when a new step is measured
@@ -54,6 +58,7 @@ class StepCosts:
         self.max_k = max_k
         self.log_ratio: dict[tuple[int, bool], float] = {}  # (rows bucket, drafting) -> log(measured / profiled)
         self._profiled: dict[tuple[int, int], float] = {}
+        self.compiled = False  # profiled through compiled steps
 
     def trunk_s(self, rows: int, t: int) -> float:
         """Profiled seconds of a trunk forward (and LM head) over `t` tokens in each of `rows` rows."""
@@ -100,11 +105,14 @@ class StepCosts:
 _CACHE: "weakref.WeakKeyDictionary[CausalLM, StepCosts]" = weakref.WeakKeyDictionary()
 
 
-def step_costs(model: CausalLM, *, max_rows: int, max_k: int) -> StepCosts:
-    """The model's profiled costs (cached per model object; re-profiled for a larger batch or K)."""
+def step_costs(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
+               sampling: SamplingParams = SamplingParams(1.0)) -> StepCosts:
+    """The model's profiled costs (cached per model object; re-profiled for a larger batch or K, or once its
+    steps are compiled). `mode`, `sampling`: the run's, so that a compiled profile warms the graphs it will use."""
     costs = _CACHE.get(model)
-    if costs is None or costs.max_k < max_k or max(r for r, _ in costs.trunk) < max_rows:
-        costs = profile(model, max_rows=max_rows, max_k=max_k)
+    if (costs is None or costs.max_k < max_k or max(r for r, _ in costs.trunk) < max_rows
+            or costs.compiled != is_compiled(model)):
+        costs = profile(model, max_rows=max_rows, max_k=max_k, mode=mode, sampling=sampling)
         _CACHE[model] = costs
     return costs
 
@@ -117,19 +125,26 @@ def profile_rows(max_rows: int) -> list[int]:
 
 
 @torch.inference_mode()
-def profile(model: CausalLM, *, max_rows: int, max_k: int) -> StepCosts:
-    """Time trunk forwards at t = 1 and t = max_k + 1 and one MTP draft step, at a few row counts."""
+def profile(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
+            sampling: SamplingParams = SamplingParams(1.0)) -> StepCosts:
+    """Time the verify at k = 0 (a plain step), 1 and max_k and one drafting forward, at a few row counts,
+    through the functions the engine runs (compiled when the model's steps are: this compiles their graphs
+    before decoding starts, so no decoding step pays for one)."""
     trunk, mtp = {}, {}
+    widths = sorted({1, min(2, max_k + 1), max_k + 1})
     for rows in profile_rows(max_rows):
-        for t in (1, max_k + 1):
-            trunk[(rows, t)] = _best_of(lambda: trunk_forward(model, rows, t))
+        for t in widths:
+            trunk[(rows, t)] = _best_of(lambda: trunk_forward(model, rows, t, mode=mode, sampling=sampling))
         if model.mtp is not None:
-            mtp[rows] = _best_of(lambda: mtp_step(model, rows))
-    return StepCosts(trunk, mtp or {1: 0.0}, max_k)
+            mtp[rows] = _best_of(lambda: mtp_step(model, rows, mode=mode, sampling=sampling))
+            refresh(model, rows, max_k + 1, mode=mode, sampling=sampling)  # its graph compiled, not timed
+    costs = StepCosts(trunk, mtp or {1: 0.0}, max_k)
+    costs.compiled = is_compiled(model)
+    return costs
 
 
 def _best_of(run, repeats: int = 2) -> float:
-    run()  # warm-up (allocations, kernel selection)
+    run()  # warm-up (allocations, kernel selection, a compile)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -138,27 +153,55 @@ def _best_of(run, repeats: int = 2) -> float:
     return min(times)
 
 
-def trunk_forward(model: CausalLM, rows: int, t: int, context: int = PROFILE_CONTEXT,
-                  cache: KVCache | None = None) -> None:
-    """One cached trunk forward and LM head over rows x t new tokens after `context` cached positions
-    (a decode step at t = 1, a verify of k drafts at t = k + 1), ending in the host sync a step pays.
+def trunk_forward(model: CausalLM, rows: int, t: int, context: int = PROFILE_CONTEXT, cache: KVCache | None = None,
+                  *, mode: str = "rs", sampling: SamplingParams = SamplingParams(1.0)) -> None:
+    """One speculative verify over rows x t tokens after `context` cached positions (t = 1: a plain step, k = 0;
+    else k = t - 1 drafts), as the engine runs it (bebop.engine.compiled.verify_step: the trunk forward, the LM
+    head, warps, acceptance), ending in the host read a step pays.
     `cache`: a trunk cache of `rows` rows and capacity >= context + t to reuse (else one is made)."""
-    cache = cache if cache is not None else model.new_cache(rows, context + t)
+    cache = cache if cache is not None else model.new_cache(rows, 2 * context + t)  # room past the span, as in a run
     cache.span = context
     cache.lengths.fill_(context)
-    ids = torch.zeros(rows, t, dtype=torch.long, device=model.device)  # (R, t)
-    hidden = model(ids, cache)  # (R, t, H)
-    model.logits(hidden).sum().item()  # the host sync a step pays
+    device, k, vocab = model.device, t - 1, model.config.vocab_size
+    ids = torch.zeros(rows, t, dtype=torch.long, device=device)  # (R, t)
+    counts = torch.full((rows,), t, dtype=torch.long, device=device)  # (R,)
+    drafting = torch.full((rows,), k > 0, device=device)  # (R,)
+    drafts = torch.zeros(rows, k, dtype=torch.long, device=device)  # (R, k)
+    draft_probs = torch.full((rows, k, vocab), 1.0 / vocab, device=device)  # (R, k, V)
+    draws = torch.full((rows, k + 2), 0.5, dtype=torch.float64, device=device)  # (R, k + 2)
+    _, host = verify_step(model, cache, ids, counts, drafting, drafts, draft_probs, draws, k=k, mode=mode,
+                          sampling=sampling)
+    host.tolist()  # the host read a step pays
 
 
-def mtp_step(model: CausalLM, rows: int, context: int = PROFILE_CONTEXT, cache: KVCache | None = None) -> None:
-    """One cached MTP draft step (depth 2: one layer) over `rows` rows and its draft distribution.
-    `cache`: a head cache of `rows` rows and capacity >= context + 1 to reuse (else one is made)."""
+def _head_cache(model: CausalLM, rows: int, context: int, width: int, cache: KVCache | None) -> KVCache:
     mtp = model.require_mtp()
-    cache = cache if cache is not None else mtp.new_cache(rows, context + 1, dtype=model.dtype, device=model.device)
+    cache = cache if cache is not None else mtp.new_cache(rows, 2 * context + width, dtype=model.dtype,
+                                                          device=model.device)  # room past the span, as in a run
     cache.span = context
     cache.lengths.fill_(context)
-    ids = torch.zeros(rows, 1, dtype=torch.long, device=model.device)  # (R, 1)
-    hidden = torch.zeros(rows, 1, model.config.hidden_size, dtype=model.dtype, device=model.device)  # (R, 1, H)
-    out = mtp(hidden, model.embed(ids), 2, cache, torch.ones(rows, dtype=torch.long, device=model.device))
-    torch.softmax(model.mtp_logits(out[:, 0]), -1).sum().item()
+    return cache
+
+
+def mtp_step(model: CausalLM, rows: int, context: int = PROFILE_CONTEXT, cache: KVCache | None = None,
+             *, mode: str = "rs", sampling: SamplingParams = SamplingParams(1.0)) -> None:
+    """One cached drafting forward (depth 2) over `rows` rows, its warp and draw, as the engine runs it
+    (bebop.engine.compiled.draft_next_step). `cache`: a head cache of `rows` rows and capacity >= context + 1
+    to reuse (else one is made)."""
+    cache = _head_cache(model, rows, context, 1, cache)
+    hidden = torch.zeros(rows, model.config.hidden_size, dtype=model.dtype, device=model.device)  # (R, H)
+    token = torch.zeros(rows, dtype=torch.long, device=model.device)  # (R,)
+    draws = torch.full((rows,), 0.5, dtype=torch.float64, device=model.device)  # (R,)
+    _, drafted, _ = draft_next_step(model, cache, hidden, token, draws, depth=2, mode=mode, sampling=sampling)
+    drafted.tolist()
+
+
+def refresh(model: CausalLM, rows: int, width: int, context: int = PROFILE_CONTEXT, *, mode: str = "rs",
+            sampling: SamplingParams = SamplingParams(1.0)) -> None:
+    """One refresh of the head's cache over `width` positions a row (bebop.engine.compiled.draft_refresh_step)."""
+    cache = _head_cache(model, rows, context, width, None)
+    hidden = torch.zeros(rows, width, model.config.hidden_size, dtype=model.dtype, device=model.device)  # (R, W, H)
+    tokens = torch.zeros(rows, width, dtype=torch.long, device=model.device)  # (R, W)
+    count = torch.full((rows,), width, dtype=torch.long, device=model.device)  # (R,)
+    draws = torch.full((rows,), 0.5, dtype=torch.float64, device=model.device)  # (R,)
+    draft_refresh_step(model, cache, hidden, tokens, count, draws, mode=mode, sampling=sampling)[1].tolist()

@@ -84,7 +84,8 @@ class RolloutSampler:
         if self.cfg.k != AUTO:
             return None
         if self.controller is None:
-            costs = step_costs(model, max_rows=min(rows, self.cfg.batch_size), max_k=self.cfg.max_k)
+            costs = step_costs(model, max_rows=min(rows, self.cfg.batch_size), max_k=self.cfg.max_k,
+                               mode=self.cfg.spec, sampling=self.cfg.sampling)
             self.controller = AdaptiveK(self.cfg.max_k, costs)
         self.controller.suspended = self.drafting_suspended
         return self.controller
