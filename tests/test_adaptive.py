@@ -109,6 +109,18 @@ def test_drafting_that_cannot_win_is_probed_rarely():
     assert sum(k > 0 for k in choices[FAR_PROBE_EVERY:]) == 1
 
 
+def test_a_level_borrowed_from_another_size_does_not_stop_probes():
+    """Drafting measured as hopeless at 64 rows says nothing final about 2 rows (memory-bound there): that
+    bucket still measures drafting on the usual schedule, and keeps drafting once its own steps show it wins."""
+    policy = AdaptiveK(4, _costs(per_token=1 / 16, fixed=1.0, mtp=0.01, max_k=4))
+    policy.observe(64, 0, policy.costs.profiled(64, 0), [])
+    policy.observe(64, 3, 5 * policy.costs.profiled(64, 3), [])  # drafting at 64 rows: 5x its profile
+    assert policy.drafting_edge(2, policy.best_draft(2)) < PROBE_BAND  # the borrowed level says: far
+    choices = _run_steps(policy, 2, PROBE_EVERY + 3)
+    assert any(k > 0 for k in choices)  # measured at its own size, where it is as cheap as profiled
+    assert _run_steps(policy, 2, 5) == [policy.best_draft(2)] * 5
+
+
 def test_one_slow_step_moves_the_estimate_a_bounded_amount():
     costs = _costs(per_token=0.0, fixed=1.0, mtp=0.0, max_k=4)
     costs.observe(16, 2, seconds=costs.profiled(16, 2))

@@ -1,4 +1,4 @@
-"""Speculative decoding on the Qwen3.5 hybrid (issue 15, part 3): verifying K+1 tokens advances the
+"""Speculative decoding on the Qwen3.5 hybrid, eager and compiled: verifying K+1 tokens advances the
 linear layers' recurrent and conv states, and a partial acceptance must restore them exactly.
 
 The dense model's engine tests are rerun here on a hybrid with a fresh head: T=0 speculation equals
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bebop.engine import generate
+from bebop.engine.compiled import compile_steps, compiled_steps
 from bebop.engine import speculative as spec
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
@@ -21,9 +22,14 @@ from test_speculative import test_sampled_output_is_lossless_end_to_end as _loss
 from spec_helpers import EOS, PROMPTS, ids_of, oracle_drafter
 
 
-@pytest.fixture(scope="module")
-def hybrid(tmp_path_factory):
-    return headed_hybrid(tmp_path_factory.mktemp("qwen35_spec"))
+@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=pytest.mark.slow)])
+def hybrid(request, tmp_path_factory):
+    """The headed hybrid eager, and with its decoding steps compiled (static_cache.HybridStaticView; every test
+    on it is slow: a hybrid's graphs are one per chunk length, so each k compiles its own)."""
+    model = headed_hybrid(tmp_path_factory.mktemp("qwen35_spec"))
+    if request.param == "compiled":
+        assert compile_steps(model, "on")
+    return model
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])
@@ -35,6 +41,26 @@ def test_greedy_equals_plain_on_the_hybrid(hybrid, mode, k):
                                               sampling=SamplingParams(0.0), stop_ids=[EOS])
     assert [g.token_ids for g in gens] == [g.token_ids for g in ref]
     assert metrics.num_drafts > 0
+    steps = compiled_steps(hybrid)
+    if steps is not None:  # the compiled path ran: plain decoding's trunk, the verify and the head's graphs
+        assert steps.failed is None and steps.calls["trunk"] and steps.calls["verify"] and steps.calls["refresh"]
+
+
+def test_compiled_hybrid_speculation_equals_eager_greedy(tmp_path):
+    """The compiled hybrid in the default suite: plain decoding and RS K=3 (a random head: rows accept raggedly, so
+    the recurrent states roll back inside each verified chunk) both give eager greedy decoding's tokens."""
+    eager = headed_hybrid(tmp_path / "eager")
+    model = headed_hybrid(tmp_path / "compiled")
+    assert compile_steps(model, "on")
+    prompts = ids_of(PROMPTS)
+    ref = generate(eager, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[EOS])
+    plain = generate(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[EOS])
+    gens, metrics = spec.speculative_generate(model, prompts, k=3, mode="rs", max_new_tokens=24,
+                                              sampling=SamplingParams(0.0), stop_ids=[EOS])
+    assert [g.token_ids for g in plain] == [g.token_ids for g in ref] == [g.token_ids for g in gens]
+    assert 0 < metrics.acceptance_rate < 1  # partial acceptances: rollbacks inside verified chunks
+    steps = compiled_steps(model)
+    assert steps.failed is None and steps.calls["trunk"] and steps.calls["verify"] and steps.calls["draft"]
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])

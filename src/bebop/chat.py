@@ -1,4 +1,4 @@
-"""Chat templates: a list of messages rendered as the model's own template renders it (issue 16).
+"""Chat templates: a list of messages rendered as the model's own template renders it.
 
     template = load_chat_template(model_dir)                  # None when the model ships none
     text = render_chat(template, messages)                    # ends with the generation prompt

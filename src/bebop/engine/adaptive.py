@@ -15,7 +15,8 @@ a small one drafts deep. A plain step and a drafting step are measured first; a 
 is not choosing again every PROBE_EVERY steps, so neither a profile that is off nor one slow step
 can lock it out of the better kind. Where drafting is predicted far from winning (its throughput
 below PROBE_BAND of the margin it must beat: a large live batch on a CPU, where a verify is
-compute-bound) it is probed only every FAR_PROBE_EVERY steps, the first time included: a drafting
+compute-bound; judged on a measurement of drafting at that size, or on the profile before any) it is
+probed only every FAR_PROBE_EVERY steps, the first time included: a drafting
 probe is the costly kind (a verify over k + 1 tokens a row, the catch-up refresh over every skipped
 position, rows that desynchronise), so there `--k auto` runs as plain decoding does, and a long
 run (an RL run keeps its controller) still sees a measurement that was off. Only decode steps are measured (every row feeds one token, no
@@ -37,9 +38,8 @@ PRIOR_WEIGHT = 2.0  # in drafts
 DECAY = 0.9  # per step: acceptance follows about the last 10 steps
 # drafting must beat plain steps by this factor per step: a speculative batch desynchronises (rows
 # accept different numbers of drafts, so the slowest row gates the batch's end and the tail runs at a
-# small live batch) and resuming drafting pays a catch-up refresh; neither is in the per-step model.
-# At 64 rows with uniform lengths fixed K=3 measured 0.76-0.90x of plain while its steps were
-# predicted 1.1-1.2x (docs/benchmarks.md).
+# small live batch) and resuming drafting pays a catch-up refresh; neither is in the per-step model
+# (docs/benchmarks.md: measured below plain where its steps were predicted above).
 DRAFT_MARGIN = 1.15
 PROBE_EVERY = 32  # measured steps after which the kind (plain / drafting) not chosen is measured again
 # drafting is measured (first, or again) only where its predicted throughput is at least this share of
@@ -123,7 +123,11 @@ class AdaptiveK:
             last = self.last_measured.setdefault((bucket, True), self.steps)
             return best_draft if self.steps - last > PROBE_EVERY else 0
         for drafting, k in ((False, 0), (True, best_draft)):  # each kind measured once, then re-probed
-            far = drafting and self.drafting_edge(rows, k) < PROBE_BAND  # a probe would cost more than it finds
+            # a probe would cost more than it can find: drafting predicted far below the margin, on a measurement
+            # of drafting in this very bucket (or, before any, on the profile alone), not on a level borrowed
+            # from another live-batch size
+            far = (drafting and self.drafting_edge(rows, k) < PROBE_BAND
+                   and (self.costs.measured_here(bucket, True) or not self.costs.has_measured(True)))
             if not far and not self.costs.has_measured(drafting):
                 return k
             last = self.last_measured.setdefault((bucket, drafting), self.steps)  # a new bucket borrows

@@ -20,12 +20,15 @@ The batch and span dimensions are dynamic too: one graph serves every live-batch
 more for batch 1) and every span, so a step at any batch size, length and k, a run with other prompts
 and every RL step reuse it, with no padding rows. Weights are graph inputs, and the graphs guard on the
 module's structure, not its identity: an optimizer's in-place update (each RL step) and a copy of the
-same shape reuse them. What stays eager (the same functions, uncompiled): a prefill, a catch-up refresh
-wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid trunk (Gated DeltaNet states).
+same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticView: its Gated DeltaNet states are
+selected in place, and what a chunk staged for a rollback comes back from the graph); its recurrence
+runs token by token, so its graphs are one per chunk length (k), not dynamic in it. What stays eager
+(the same functions, uncompiled): a prefill, a catch-up refresh wider than MAX_COMPILED_CHUNK, a step
+that feeds an observation, a hybrid cache's rollback.
 
 Compiled code is cached on disk by inductor (TORCHINDUCTOR_CACHE_DIR, by default under /tmp):
-measured on the embedded default, a graph costs 25-40 s the first time on this 2-core VM and
-3-6 s in a later process. `auto` compiles only a run of at least PAYS_AFTER_STEPS decode steps.
+a graph's first compile costs tens of seconds on a small CPU, a later process's load a few
+(docs/benchmarks.md). `auto` compiles only a run of at least PAYS_AFTER_STEPS decode steps.
 
 A compile that fails (no C++ compiler, a graph break) prints one line and the run goes on eager.
 The math is the eager forward's (the same modules; attention over masked zeros past a row's length
@@ -47,12 +50,13 @@ from bebop.errors import BebopError
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import rope_table
 from bebop.model.qwen3 import CausalLM
-from bebop.model.static_cache import StaticView
+from bebop.model.hybrid_cache import HybridCache
+from bebop.model.static_cache import HybridStaticView, StaticView
 from bebop.sampling import SamplingParams
 
 COMPILE_CHOICES = ("auto", "on", "off")
 MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
-PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md, issue 24)
+PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md)
 RECOMPILE_LIMIT = 64  # graphs per compiled function: batch 1 or more x chunk lengths x depths x rope tables
 
 _STEPS: weakref.WeakKeyDictionary[CausalLM, CompiledSteps] = weakref.WeakKeyDictionary()
@@ -78,9 +82,6 @@ def compile_steps(model: CausalLM, choice: str, decode_steps: int = 0) -> bool:
     """Compile `model`'s decoding steps when `choice` says so (idempotent); False when it runs eager."""
     if not wants_compile(choice, decode_steps):
         _STEPS.pop(model, None)
-        return False
-    if model.config.linear_layers:
-        _say("a hybrid trunk's Gated DeltaNet layers keep per-position states that do not compile yet")
         return False
     if model not in _STEPS:
         _STEPS[model] = CompiledSteps()
@@ -154,25 +155,36 @@ def verify_step(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torc
                      draft_probs, draws, mode, sampling, dynamic_chunk=k > 1)
 
 
-def _trunk(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
-           ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    return model(ids, StaticView(k, v, lengths), counts)
+def _view(k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, linear) -> StaticView:
+    """The cache as the graph sees it: `linear` (conv, recurrent, base, taken) for a hybrid trunk, else None."""
+    return StaticView(k, v, lengths) if linear is None else HybridStaticView(k, v, lengths, *linear)
 
 
-def _refresh(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, *args):
+def _staged(view: StaticView):
+    """What a hybrid chunk staged (returned by the graph for the host's rollback), else None."""
+    return view.staged() if isinstance(view, HybridStaticView) else None
+
+
+def _trunk(model: CausalLM, k, v, lengths, linear, ids: torch.Tensor, counts: torch.Tensor):
+    view = _view(k, v, lengths, linear)
+    return model(ids, view, counts), _staged(view)
+
+
+def _refresh(model: CausalLM, k, v, lengths, linear, *args):
     *tensors, mode, sampling = args
-    return draft_refresh(model, StaticView(k, v, lengths), *tensors, mode=mode, sampling=sampling)
+    return draft_refresh(model, _view(k, v, lengths, linear), *tensors, mode=mode, sampling=sampling), None
 
 
-def _draft(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, *args):
+def _draft(model: CausalLM, k, v, lengths, linear, *args):
     *tensors, depth, mode, sampling = args
-    return draft_next(model, StaticView(k, v, lengths), *tensors, depth=depth, mode=mode, sampling=sampling)
+    return draft_next(model, _view(k, v, lengths, linear), *tensors, depth=depth, mode=mode, sampling=sampling), None
 
 
-def _verify(model: CausalLM, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, *args):
+def _verify(model: CausalLM, k, v, lengths, linear, *args):
     *tensors, mode, sampling = args
     drafts = tensors[3]  # (R, k): k is its width, dynamic from 2 up
-    return verify(model, StaticView(k, v, lengths), *tensors, k=drafts.shape[1], mode=mode, sampling=sampling)
+    view = _view(k, v, lengths, linear)
+    return verify(model, view, *tensors, k=drafts.shape[1], mode=mode, sampling=sampling), _staged(view)
 
 
 class CompiledSteps:
@@ -201,12 +213,16 @@ class CompiledSteps:
         span = cache.span + chunk_len
         k = [t[:, :, :span] for t in cache.k]  # (B, Hkv, span, Dh) views: the writes land in the cache
         v = [t[:, :, :span] for t in cache.v]
+        # a hybrid trunk's linear layers: their states (whole tensors, selected in place) and the chunk's bounds
+        linear = ((cache.linear.conv, cache.linear.recurrent, cache.base, cache.taken)
+                  if isinstance(cache, HybridCache) else None)
         for t in k + v:
             torch._dynamo.mark_dynamic(t, 2)  # one graph for every span
         for t in rope:
             torch._dynamo.mark_dynamic(t, 0)  # and every rope table (it grows with the caches' capacity)
         if cache.batch_size > 1:  # batch 1 is its own graph (torch specialises size 1)
-            for t in [*k, *v, cache.lengths, *(a for a in args if isinstance(a, torch.Tensor))]:
+            states = [*linear[0], *linear[1], *linear[2:]] if linear else []
+            for t in [*k, *v, cache.lengths, *states, *(a for a in args if isinstance(a, torch.Tensor))]:
                 torch._dynamo.mark_dynamic(t, 0)
         if dynamic_chunk and chunk_len > 1:  # dimension 1 of a (B, T, ...) input: T, or k or k + 2 in a verify
             for a in args:
@@ -215,7 +231,7 @@ class CompiledSteps:
         _CLOCK.install()
         compiling = _CLOCK.seconds
         try:
-            out = fn(model, k, v, cache.lengths, *args)
+            out, staged = fn(model, k, v, cache.lengths, linear, *args)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
             if not _is_compile_error(err):
                 raise
@@ -223,6 +239,9 @@ class CompiledSteps:
             _say(f"compiling the decoding step failed ({self.failed})")
             return eager()
         self.compile_s += _CLOCK.seconds - compiling  # warm-up, not decoding
+        if staged is not None:  # the hybrid chunk's per-position states, for a rollback inside it
+            cache.linear.windows, cache.linear.states = list(staged[0]), list(staged[1])
+            cache.linear.every_position = True
         cache.span += chunk_len
         self.calls[name] += 1
         return out

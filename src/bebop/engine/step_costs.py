@@ -90,6 +90,10 @@ class StepCosts:
         near = [(abs(b - bucket), r) for (b, d), r in self.log_ratio.items() if d == drafting]
         return min(near)[1] if near else 0.0
 
+    def measured_here(self, bucket: int, drafting: bool) -> bool:
+        """Whether this live-batch bucket has measured a step of this kind (its level is its own, not borrowed)."""
+        return (bucket, drafting) in self.log_ratio
+
     def has_measured(self, drafting: bool) -> bool:
         return any(d == drafting for _, d in self.log_ratio)
 

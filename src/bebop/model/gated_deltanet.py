@@ -21,7 +21,6 @@ from torch import nn
 
 from bebop.model.config import ModelConfig
 from bebop.model.context import AttentionContext
-from bebop.model.hybrid_cache import HybridCache
 
 CHUNK = 64  # tokens per chunk of chunked_rule
 SNAPSHOT_MAX = 128  # chunks up to this many tokens run recurrently and keep every position's state
@@ -117,7 +116,7 @@ class GatedDeltaNet(nn.Module):
         conv and recurrent states and stages the new ones (the cache picks them when it advances)."""
         b, t, _ = x.shape
         qkv = self.in_proj_qkv(x).transpose(1, 2)  # (B, C, T)
-        linear = ctx.cache.linear if isinstance(ctx.cache, HybridCache) else None
+        linear = getattr(ctx.cache, "linear", None)  # a HybridCache's or a compiled step's view of it
         if linear is None:
             window = F.pad(qkv, (self.kernel - 1, 0))  # (B, C, K-1+T): zero history
             state = qkv.new_zeros(b, self.num_v_heads, self.dk, self.dv, dtype=torch.float32)

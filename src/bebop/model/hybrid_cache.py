@@ -24,18 +24,27 @@ from bebop.model.kv_cache import KVCache
 
 
 class LinearStates:
-    """conv (Ln, B, C, K-1) and recurrent (Ln, B, Hv, Dk, Dv, float32) states of the linear layers,
-    and what the last chunk staged per layer."""
+    """conv (B, C, K-1) and recurrent (B, Hv, Dk, Dv, float32) states per linear layer, and what the last chunk
+    staged per layer. The states are separate tensors written in place (a compiled step writes the cache's own;
+    one stacked buffer would be copied whole at each layer's write)."""
 
-    def __init__(self, cfg: ModelConfig, batch_size: int, *, dtype: torch.dtype, device: torch.device | str) -> None:
-        n, hv = len(cfg.linear_layers), cfg.linear_num_value_heads
-        conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + hv * cfg.linear_value_head_dim
-        self.conv = torch.zeros(n, batch_size, conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dtype, device=device)
-        self.recurrent = torch.zeros(n, batch_size, hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-                                     dtype=torch.float32, device=device)
+    def __init__(self, conv: list[torch.Tensor], recurrent: list[torch.Tensor]) -> None:
+        self.conv = conv  # (B, C, K-1) per layer
+        self.recurrent = recurrent  # (B, Hv, Dk, Dv) float32 per layer
+        n = len(conv)
         self.windows: list[torch.Tensor | None] = [None] * n  # (B, C, K-1+T) per layer
         self.states: list[torch.Tensor | None] = [None] * n  # (B, T+1, ...) or (B, 2, ...) per layer
         self.every_position = True
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch_size: int, *, dtype: torch.dtype, device: torch.device | str) -> LinearStates:
+        n, hv = len(cfg.linear_layers), cfg.linear_num_value_heads
+        conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + hv * cfg.linear_value_head_dim
+        conv = [torch.zeros(batch_size, conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dtype, device=device)
+                for _ in range(n)]
+        recurrent = [torch.zeros(batch_size, hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                                 dtype=torch.float32, device=device) for _ in range(n)]
+        return cls(conv, recurrent)
 
     def state(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.conv[slot], self.recurrent[slot]
@@ -57,21 +66,21 @@ class LinearStates:
                 raise BebopError("cannot roll a linear-attention state back inside a chunk of more than "
                                  "SNAPSHOT_MAX tokens (only its start and end are kept)")
             index = (kept == whole).long() * (whole > 0).long()
-        width = self.conv.shape[-1]
+        width = self.conv[0].shape[-1]
         span = kept[:, None, None] + torch.arange(width, device=kept.device)  # (B, 1, K-1)
         for slot, (window, states) in enumerate(zip(self.windows, self.states)):
             assert window is not None and states is not None
-            self.conv[slot] = window.gather(2, span.expand(-1, window.shape[1], -1)).to(self.conv.dtype)
-            self.recurrent[slot] = states[rows, index]
+            self.conv[slot].copy_(window.gather(2, span.expand(-1, window.shape[1], -1)))
+            self.recurrent[slot].copy_(states[rows, index])
 
     def copy_rows(self, source: LinearStates, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Rows dst (N,) take the conv and recurrent states of `source`'s rows src (N,)."""
-        self.conv[:, dst] = source.conv[:, src]
-        self.recurrent[:, dst] = source.recurrent[:, src]
+        for mine, theirs in zip(self.conv + self.recurrent, source.conv + source.recurrent):
+            mine[dst] = theirs[src]
 
     def keep(self, rows: torch.Tensor) -> None:
-        self.conv = self.conv.index_select(1, rows)
-        self.recurrent = self.recurrent.index_select(1, rows)
+        self.conv = [c.index_select(0, rows) for c in self.conv]
+        self.recurrent = [r.index_select(0, rows) for r in self.recurrent]
         self.windows = [None if w is None else w.index_select(0, rows) for w in self.windows]
         self.states = [None if s is None else s.index_select(0, rows) for s in self.states]
 
@@ -83,13 +92,13 @@ class HybridCache(KVCache):
                  device: torch.device | str) -> None:
         super().__init__(len(cfg.attention_layers), batch_size, cfg.num_key_value_heads, cfg.head_dim, capacity,
                          dtype=dtype, device=device)
-        self.linear = LinearStates(cfg, batch_size, dtype=dtype, device=device)
+        self.linear = LinearStates.zeros(cfg, batch_size, dtype=dtype, device=device)
         self.base = self.lengths.clone()  # (B,) lengths before the last chunk
         self.taken = torch.zeros_like(self.lengths)  # (B,) tokens each row took in the last chunk
 
     def advance(self, num_new: torch.Tensor, chunk_len: int) -> None:
-        self.base = self.lengths.clone()
-        self.taken = num_new.clone()
+        self.base.copy_(self.lengths)  # in place, as a compiled step's view does (static_cache.HybridStaticView)
+        self.taken.copy_(num_new)
         super().advance(num_new, chunk_len)
         self.linear.select(num_new, self.taken)
 

@@ -2,6 +2,7 @@
 
     view = StaticView(k, v, cache.lengths)   # inside the compiled function; k, v: views of the used span
     hidden = model(ids, view, num_new)       # writes in place, lengths += num_new
+    view = HybridStaticView(k, v, cache.lengths, conv, recurrent, base, taken)   # a hybrid trunk's
 
 A KVCache attends over its used span, a host-side int that grows every step: a graph that read it
 would specialise on it and recompile every step. The view reads no host state: the chunk attends
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from bebop.model.hybrid_cache import LinearStates
 from bebop.model.kv_cache import KVCache
 
 
@@ -43,3 +45,28 @@ class StaticView(KVCache):
 
     def advance(self, num_new: torch.Tensor, chunk_len: int) -> None:
         self.lengths.add_(num_new)
+
+
+class HybridStaticView(StaticView):
+    """A hybrid trunk's cache as a compiled step sees it: the attention layers' view, the linear layers' conv and
+    recurrent states (the HybridCache's own tensors, selected in place) and its `base` / `taken` (B,). What the
+    chunk staged (`linear.windows`, `linear.states`) is graph-local: the step returns it, and the engine hands it
+    to the HybridCache so that a rollback after the verify selects from it."""
+
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
+                 conv: list[torch.Tensor], recurrent: list[torch.Tensor], base: torch.Tensor,
+                 taken: torch.Tensor) -> None:
+        super().__init__(k, v, lengths)
+        self.linear = LinearStates(conv, recurrent)
+        self.base, self.taken = base, taken  # (B,) each, updated in place
+
+    def advance(self, num_new: torch.Tensor, chunk_len: int) -> None:
+        super().advance(num_new, chunk_len)
+        # base from the advanced lengths, not a copy of them taken before: inductor writes a graph's mutated inputs
+        # back after the graph, and a copy aliasing `lengths` would read the advanced value
+        self.base.copy_(self.lengths - num_new)
+        self.taken.copy_(num_new)
+        self.linear.select(num_new, self.taken)
+
+    def staged(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        return self.linear.windows, self.linear.states

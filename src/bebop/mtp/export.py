@@ -5,7 +5,7 @@
 Both engines load an MTP head only for the Qwen3-Next / Qwen3.5 families, whose checkpoints carry it as
 `mtp.*` tensors beside the trunk (the layout `bebop mtp train` saves): the export is a copy of the directory.
 For vLLM the copy's rope parameters lose `mrope_section` (text positions make it plain RoPE; with it vLLM's
-CPU drafter aborts, issue 26's notes), so the copy serves text only. A dense Qwen3's head, which neither
+CPU drafter aborts: docs/vllm.md), so the copy serves text only. A dense Qwen3's head, which neither
 engine loads as MTP, is refused with one line. The user's directory is only read.
 """
 

@@ -14,7 +14,7 @@ environment observation). Metrics go to `mtp_metrics.jsonl`; `mtp_train_state.pt
 Memory: the loss is taken from hidden states (bebop.losses.hidden): the trunk's forward gives
 (B, T, H), the head's chain (B, T, D, H), and the LM head's logits and the targets are recomputed
 a chunk of chains at a time, so no (B, T, V) or (B, T, D, V) tensor exists at any vocabulary size
-(docs/benchmarks.md, issue 16). `--dtype bfloat16` runs the trunk, the head and the LM-head products
+(docs/benchmarks.md). `--dtype bfloat16` runs the trunk, the head and the LM-head products
 under bf16 autocast (bebop.precision); the head's weights, its AdamW state and the loss's softmax
 and values stay float32, and the saved model keeps its declared dtype.
 """

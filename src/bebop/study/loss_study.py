@@ -1,4 +1,4 @@
-"""The loss study (issue 27): heads trained with each draft loss to convergence, per cell of the
+"""The loss study: heads trained with each draft loss to convergence, per cell of the
 (temperature, head size) axes, measured with the exact expected acceptance on held-out on-policy sequences,
 the sampled acceptance beside it.
 

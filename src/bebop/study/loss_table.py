@@ -1,7 +1,7 @@
 """The fresh head every loss of a study starts from (`headed_copy`), and the report of a loss study's results:
 `bebop report OUT/loss_table.json` rebuilds OUT/loss_table.md and its plots from the JSON alone. The study
 itself is bebop.study.loss_study (cells of temperature x head size, exact measure, heads trained to
-convergence); results of the earlier one-cell study (docs/results, issue 14: `rows` of sampled acceptance)
+convergence); results of the earlier one-cell study (docs/results: `rows` of sampled acceptance)
 are still rendered here.
 """
 

@@ -1,4 +1,4 @@
-"""The entropy law across RL steps (issue 27; the paper's central figure): per run (a verification rule and a
+"""The entropy law across RL steps (the paper's central figure): per run (a verification rule and a
 head), each drafting step's acceptance against the policy's entropy that step, the least-squares slope with
 its 95% t-interval, and the change of acceptance from the first to the last steps split into what the entropy
 change explains (slope x dH) and the mismatch remainder (the head falling behind the policy).
