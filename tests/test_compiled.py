@@ -39,7 +39,7 @@ def test_compiled_steps_run_and_equal_eager(spec_model, compiled_model):
                                    stop_ids=[EOS])
     steps = compiled.compiled_steps(compiled_model)
     assert steps is not None and steps.failed is None  # the compiled path ran, every forward of a decode step
-    assert steps.calls["trunk"] > 0 and steps.calls["refresh"] > 0 and steps.calls["draft"] > 0 and steps.calls["verify"] > 0, steps.calls
+    assert all(steps.calls[name] > 0 for name in ("trunk", "refresh", "draft", "verify")), steps.calls
     assert [g.token_ids for g in plain] == [g.token_ids for g in ref]
     assert [g.token_ids for g in spec] == [g.token_ids for g in ref]
 

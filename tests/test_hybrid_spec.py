@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from bebop.engine import generate
-from bebop.engine.compiled import compile_steps, compiled_steps
 from bebop.engine import speculative as spec
+from bebop.engine.compiled import compile_steps, compiled_steps
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
 from qwen35_helpers import headed_hybrid, make_hf_qwen35

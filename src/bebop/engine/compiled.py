@@ -47,10 +47,10 @@ import torch
 
 from bebop.engine.spec_step import draft_chain, draft_next, draft_refresh, verify
 from bebop.errors import BebopError
+from bebop.model.hybrid_cache import HybridCache
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import rope_table
 from bebop.model.qwen3 import CausalLM
-from bebop.model.hybrid_cache import HybridCache
 from bebop.model.static_cache import HybridStaticView, StaticView
 from bebop.sampling import SamplingParams
 
@@ -240,6 +240,7 @@ class CompiledSteps:
             return eager()
         self.compile_s += _CLOCK.seconds - compiling  # warm-up, not decoding
         if staged is not None:  # the hybrid chunk's per-position states, for a rollback inside it
+            assert isinstance(cache, HybridCache)
             cache.linear.windows, cache.linear.states = list(staged[0]), list(staged[1])
             cache.linear.every_position = True
         cache.span += chunk_len
