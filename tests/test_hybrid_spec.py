@@ -10,6 +10,7 @@ import torch
 
 from bebop.engine import generate
 from bebop.engine import speculative as spec
+from bebop.engine import compiled
 from bebop.engine.compiled import compile_steps, compiled_steps
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
@@ -29,7 +30,12 @@ def hybrid(request, tmp_path_factory):
     model = headed_hybrid(tmp_path_factory.mktemp("qwen35_spec"))
     if request.param == "compiled":
         assert compile_steps(model, "on")
-    return model
+        patch = pytest.MonkeyPatch()
+        patch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the default: batch 1)
+        yield model
+        patch.undo()
+        return
+    yield model
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])
@@ -46,12 +52,13 @@ def test_greedy_equals_plain_on_the_hybrid(hybrid, mode, k):
         assert steps.failed is None and steps.calls["trunk"] and steps.calls["verify"] and steps.calls["refresh"]
 
 
-def test_compiled_hybrid_speculation_equals_eager_greedy(tmp_path):
+def test_compiled_hybrid_speculation_equals_eager_greedy(tmp_path, monkeypatch):
     """The compiled hybrid in the default suite: plain decoding and RS K=3 (a random head: rows accept raggedly, so
     the recurrent states roll back inside each verified chunk) both give eager greedy decoding's tokens."""
     eager = headed_hybrid(tmp_path / "eager")
     model = headed_hybrid(tmp_path / "compiled")
     assert compile_steps(model, "on")
+    monkeypatch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the default: batch 1)
     prompts = ids_of(PROMPTS)
     ref = generate(eager, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[EOS])
     plain = generate(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[EOS])
@@ -61,6 +68,16 @@ def test_compiled_hybrid_speculation_equals_eager_greedy(tmp_path):
     assert 0 < metrics.acceptance_rate < 1  # partial acceptances: rollbacks inside verified chunks
     steps = compiled_steps(model)
     assert steps.failed is None and steps.calls["trunk"] and steps.calls["verify"] and steps.calls["draft"]
+
+
+def test_a_compiled_hybrid_runs_eager_above_its_row_limit(tmp_path):
+    model = headed_hybrid(tmp_path)
+    assert compile_steps(model, "on")
+    prompts = ids_of(PROMPTS)
+    generate(model, prompts[:2], max_new_tokens=3, sampling=SamplingParams(0.0))  # 2-row steps: eager
+    assert compiled_steps(model).calls["trunk"] == 0
+    generate(model, prompts[:1], max_new_tokens=3, sampling=SamplingParams(0.0))  # 1 row: every step compiled
+    assert compiled_steps(model).calls["trunk"] == 3
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])

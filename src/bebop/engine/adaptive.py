@@ -10,9 +10,10 @@ section 3), with alpha_d the running conditional acceptance at depth d (accepted
 decayed so it follows a policy that changes under RL; an unseen depth borrows the depth before it).
 Cost: `StepCosts.predict(rows, k)`. The choice is argmax_k E(k) / cost(rows, k). So a large live
 batch, where a verify over k + 1 tokens per row is compute-bound, falls back to plain steps, and
-a small one drafts deep. A plain step and a drafting step are measured first; a live-batch bucket
-(octaves: 1, 2-3, 4-7, ...) starts from its nearest measured neighbour and measures the kind it
-is not choosing again every PROBE_EVERY steps, so neither a profile that is off nor one slow step
+a small one drafts deep. The kind of step (plain / drafting) the estimates do not choose is measured
+first, a drafting probe with PROBE_K drafts (the cheapest drafting step: it measures the level every
+k shares); a live-batch bucket (octaves: 1, 2-3, 4-7, ...) starts from its nearest measured
+neighbour and measures the kind it is not choosing again every PROBE_EVERY steps, so neither a profile that is off nor one slow step
 can lock it out of the better kind. Where drafting is predicted far from winning (its throughput
 below PROBE_BAND of the margin it must beat: a large live batch on a CPU, where a verify is
 compute-bound; judged on a measurement of drafting at that size, or on the profile before any) it
@@ -48,6 +49,9 @@ PROBE_EVERY = 32  # measured steps after which the kind (plain / drafting) not c
 # be off by more than 1 / PROBE_BAND
 PROBE_BAND = 0.75
 FAR_PROBE_EVERY = 8 * PROBE_EVERY  # measured steps between probes of drafting predicted outside the band
+# drafts of a drafting probe: the cheapest drafting step measures the level every k shares (the profile gives
+# the shape in k) and desynchronises the batch least
+PROBE_K = 1
 
 
 class AcceptanceEstimate:
@@ -115,26 +119,29 @@ class AdaptiveK:
         return k if self.drafting_edge(rows, k) > 1 else 0
 
     def choose(self, rows: int) -> int:
-        """`best`, with plain and drafting steps each measured first and re-probed every PROBE_EVERY steps
-        in a bucket (so the cost ratios stay current; drafting predicted outside PROBE_BAND every
-        FAR_PROBE_EVERY); only probes while suspended."""
+        """`best`, with the kind it does not choose (plain / drafting) measured once and re-probed every
+        PROBE_EVERY steps in a bucket (so the cost ratios stay current; drafting predicted outside PROBE_BAND
+        every FAR_PROBE_EVERY), a drafting probe at PROBE_K drafts; only probes while suspended."""
         bucket = rows_bucket(rows)
         best_draft = self.best_draft(rows)
         if self.suspended:  # drafting only often enough to see the head recover
             last = self.last_measured.setdefault((bucket, True), self.steps)
             return best_draft if self.steps - last > PROBE_EVERY else 0
-        for drafting, k in ((False, 0), (True, best_draft)):  # each kind measured once, then re-probed
+        choice = self.best(rows)
+        for drafting, k in ((False, 0), (True, min(best_draft, PROBE_K))):
+            if drafting == (choice > 0):
+                continue  # the kind chosen is measured by its own steps
             # a probe would cost more than it can find: drafting predicted far below the margin, on a measurement
             # of drafting in this very bucket (or, before any, on the profile alone), not on a level borrowed
             # from another live-batch size
-            far = (drafting and self.drafting_edge(rows, k) < PROBE_BAND
+            far = (drafting and self.drafting_edge(rows, best_draft) < PROBE_BAND
                    and (self.costs.measured_here(bucket, True) or not self.costs.has_measured(True)))
             if not far and not self.costs.has_measured(drafting):
                 return k
             last = self.last_measured.setdefault((bucket, drafting), self.steps)  # a new bucket borrows
             if self.steps - last > (FAR_PROBE_EVERY if far else PROBE_EVERY):
                 return k
-        return self.best(rows)
+        return choice
 
     def observe(self, rows: int, k: int, seconds: float, accepted: list[int]) -> None:
         """After a decode step over `rows` live rows with k drafts: its wall time and each drafting
