@@ -8,9 +8,8 @@ mid-generation), and the sampled output follows the target exactly (chi-square, 
 import pytest
 import torch
 
-from bebop.engine import generate
+from bebop.engine import compiled, generate
 from bebop.engine import speculative as spec
-from bebop.engine import compiled
 from bebop.engine.compiled import compile_steps, compiled_steps
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
@@ -52,6 +51,7 @@ def test_greedy_equals_plain_on_the_hybrid(hybrid, mode, k):
         assert steps.failed is None and steps.calls["trunk"] and steps.calls["verify"] and steps.calls["refresh"]
 
 
+@pytest.mark.slow
 def test_compiled_hybrid_speculation_equals_eager_greedy(tmp_path, monkeypatch):
     """The compiled hybrid in the default suite: plain decoding and RS K=3 (a random head: rows accept raggedly, so
     the recurrent states roll back inside each verified chunk) both give eager greedy decoding's tokens."""
@@ -71,13 +71,16 @@ def test_compiled_hybrid_speculation_equals_eager_greedy(tmp_path, monkeypatch):
 
 
 def test_a_compiled_hybrid_runs_eager_above_its_row_limit(tmp_path):
-    model = headed_hybrid(tmp_path)
+    """The default suite's compiled hybrid (the full set, batched and speculative, is -m slow)."""
+    model = headed_hybrid(tmp_path / "compiled")
     assert compile_steps(model, "on")
     prompts = ids_of(PROMPTS)
     generate(model, prompts[:2], max_new_tokens=3, sampling=SamplingParams(0.0))  # 2-row steps: eager
     assert compiled_steps(model).calls["trunk"] == 0
-    generate(model, prompts[:1], max_new_tokens=3, sampling=SamplingParams(0.0))  # 1 row: every step compiled
+    out = generate(model, prompts[:1], max_new_tokens=3, sampling=SamplingParams(0.0))  # 1 row: every step compiled
     assert compiled_steps(model).calls["trunk"] == 3
+    ref = generate(headed_hybrid(tmp_path / "eager"), prompts[:1], max_new_tokens=3, sampling=SamplingParams(0.0))
+    assert [g.token_ids for g in out] == [g.token_ids for g in ref]
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])
