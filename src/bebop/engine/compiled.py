@@ -13,19 +13,18 @@ preallocated KV cache (views of its used span, written in place), so a graph dep
   depth), and the verify (the trunk forward over k + 1 tokens, the warps, the plain draw, the RS / TO
   acceptance, log-probs, entropies, the finiteness check), with the step's uniforms passed in. k is a
   dynamic dimension of the verify (one graph for k = 0, a plain step of `--k auto`, and one for k = 1,
-which torch specialises, one for every k from 2)
-  and of the refresh's width, so a fixed K and `--k auto` use the same few graphs: a step is k + 1 graph
-  calls and one host read.
+  which torch specialises, one for every k from 2) and of the refresh's width, so a fixed K and `--k
+  auto` use the same few graphs: a step is k + 1 graph calls and one host read.
 The batch and span dimensions are dynamic too: one graph serves every live-batch size from 2 up (one
 more for batch 1) and every span, so a step at any batch size, length and k, a run with other prompts
 and every RL step reuse it, with no padding rows. Weights are graph inputs, and the graphs guard on the
 module's structure, not its identity: an optimizer's in-place update (each RL step) and a copy of the
-same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticView: its Gated DeltaNet states are
-selected in place, and what a chunk staged for a rollback comes back from the graph); its recurrence
-runs token by token, so its graphs are one per chunk length (k), not dynamic in it, and it runs compiled
-only up to HYBRID_MAX_ROWS live rows. What stays eager
-(the same functions, uncompiled): a prefill, a catch-up refresh wider than MAX_COMPILED_CHUNK, a step
-that feeds an observation, a hybrid cache's rollback.
+same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticView: its Gated DeltaNet
+states are selected in place, and what a chunk staged for a rollback comes back from the graph); its
+recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it, and it
+runs compiled only up to HYBRID_MAX_ROWS live rows. What stays eager (the same functions, uncompiled): a
+prefill, a catch-up refresh wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid
+cache's rollback.
 
 Compiled code is cached on disk by inductor (TORCHINDUCTOR_CACHE_DIR, by default under /tmp):
 a graph's first compile costs tens of seconds on a small CPU, a later process's load a few
