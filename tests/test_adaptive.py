@@ -155,10 +155,21 @@ def test_every_decode_step_is_measured_and_the_prefill_is_not(spec_model):
 
 def test_profile_times_every_shape(spec_model):
     costs = profile(spec_model, max_rows=5, max_k=3)
-    assert set(costs.trunk) == {(r, t) for r in (1, 4, 5) for t in (1, 2, 4)}  # verifies of k = 0, 1 and max
+    assert set(costs.trunk) == {(r, t) for r in (1, 4, 5) for t in (1, 2, 3, 4)}  # the verify at every k
     assert all(s > 0 for s in costs.trunk.values()) and all(s > 0 for s in costs.mtp.values())
     assert costs.predict(3, 2) > 0
     assert step_costs(spec_model, max_rows=5, max_k=3) is step_costs(spec_model, max_rows=4, max_k=2)
+
+
+def test_profile_times_steps_not_cache_allocations(spec_model, monkeypatch):
+    """A cache allocated inside a timing (zeroing rows x layers x capacity) weighed on every verify alike and
+    flattened the profile's shape in k: the caches are made once per row count, outside the timed calls."""
+    made = []
+    for owner in (type(spec_model), type(spec_model.require_mtp())):
+        original = owner.new_cache
+        monkeypatch.setattr(owner, "new_cache", lambda self, *a, _f=original, **kw: made.append(a[0]) or _f(self, *a, **kw))
+    profile(spec_model, max_rows=5, max_k=3)
+    assert sorted(made) == [1, 1, 1, 4, 4, 4, 5, 5, 5]  # per row count: the trunk's, the head's, the refresh's
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])

@@ -8,8 +8,9 @@ The prior is a profile of the two verbs a step is made of, timed on this machine
 when the engine first needs it (a scratch cache; a few dozen calls), through the very functions the
 engine runs (bebop.engine.compiled: compiled graphs when the model's steps are compiled, so the
 profile also compiles them before decoding starts): the verify over `rows x t` tokens (the trunk, the
-LM head, warps and acceptance; t = 1 for a plain step, k + 1 for k drafts) and one drafting forward
-over `rows` tokens. A step with k drafts is predicted as
+LM head, warps and acceptance; t = 1 for a plain step, k + 1 for k drafts), at every k up to max-k, and
+one drafting forward over `rows` tokens, each over caches made before the timings (a cache's allocation
+is no part of a step). A step with k drafts is predicted as
 
     trunk(rows, k + 1) + k * mtp(rows)     (the refresh over the last step's positions gives depth 1)
 
@@ -131,23 +132,26 @@ def profile_rows(max_rows: int) -> list[int]:
 @torch.inference_mode()
 def profile(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
             sampling: SamplingParams = SamplingParams(1.0)) -> StepCosts:
-    """Time the verify at k = 0 (a plain step), 1 and max_k and one drafting forward, at a few row counts,
+    """Time the verify at every k from 0 (a plain step) to max_k and one drafting forward, at a few row counts,
     through the functions the engine runs (compiled when the model's steps are: this compiles their graphs
-    before decoding starts, so no decoding step pays for one)."""
+    before decoding starts, so no decoding step pays for one). The caches are made once per row count, outside
+    the timings: a step allocates none."""
     trunk, mtp = {}, {}
-    widths = sorted({1, min(2, max_k + 1), max_k + 1})
     for rows in profile_rows(max_rows):
-        for t in widths:
-            trunk[(rows, t)] = _best_of(lambda: trunk_forward(model, rows, t, mode=mode, sampling=sampling))
+        cache = model.new_cache(rows, 2 * PROFILE_CONTEXT + max_k + 1)  # room past the span, as in a run
+        for t in range(1, max_k + 2):
+            trunk[(rows, t)] = _best_of(lambda: trunk_forward(model, rows, t, cache=cache, mode=mode,
+                                                              sampling=sampling))
         if model.mtp is not None:
-            mtp[rows] = _best_of(lambda: mtp_step(model, rows, mode=mode, sampling=sampling))
+            head = _head_cache(model, rows, PROFILE_CONTEXT, max_k + 1, None)
+            mtp[rows] = _best_of(lambda: mtp_step(model, rows, cache=head, mode=mode, sampling=sampling))
             refresh(model, rows, max_k + 1, mode=mode, sampling=sampling)  # its graph compiled, not timed
     costs = StepCosts(trunk, mtp or {1: 0.0}, max_k)
     costs.compiled = is_compiled(model)
     return costs
 
 
-def _best_of(run, repeats: int = 2) -> float:
+def _best_of(run, repeats: int = 3) -> float:
     run()  # warm-up (allocations, kernel selection, a compile)
     times = []
     for _ in range(repeats):
