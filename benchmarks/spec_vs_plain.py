@@ -7,8 +7,8 @@ and the engine after a change against the engine before it, side by side in one 
 DIR is a policy with a trained MTP head. A case is BATCH:LENGTHS (decode_worker.py: `uniform` =
 every row exactly --uniform-tokens with no stop, `longtail` = task prompts stopping at <eos>, up to
 384 new tokens: the RL config's lengths). An arm is `plain` or MODE:K. With --before REV the arms
-that REV's engine supports (plain and fixed K, `+compile` where it has compiled steps) also run on a git
-worktree of REV. Every (case, arm,
+that REV's engine supports (`:auto` where it has engine/adaptive.py, `+compile` where it has compiled steps)
+also run on a git worktree of REV. Every (case, arm,
 engine) is a fresh process timed after a warm-up; the order rotates every run. An arm ending in
 `+compile` runs compiled steps (its warm-up compiles: `warmup_s`; compared with the eager arm of the
 same name as `vs_eager`). Per case it prints
@@ -78,8 +78,9 @@ def main() -> None:
         engines["before"] = worktree(args.before)
     arms = args.arms.split(",")
     compiles = {eng: (src / "bebop" / "engine" / "compiled.py").exists() for eng, src in engines.items()}
+    adapts = {eng: (src / "bebop" / "engine" / "adaptive.py").exists() for eng, src in engines.items()}
     jobs = [(eng, arm) for eng in engines for arm in arms
-            if not (eng == "before" and arm.endswith(":auto")) and (compiles[eng] or not arm.endswith("+compile"))]
+            if (adapts[eng] or ":auto" not in arm) and (compiles[eng] or not arm.endswith("+compile"))]
     for case in args.cases.split(","):
         batch, lengths = case.split(":")
         prompts = write_prompts(args.model, args.task, int(batch), Path(tempfile.mkdtemp()) / "prompts.json")
