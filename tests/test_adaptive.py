@@ -6,7 +6,15 @@ import pytest
 
 from bebop.engine import generate
 from bebop.engine import speculative as spec
-from bebop.engine.adaptive import FAR_PROBE_EVERY, PROBE_BAND, PROBE_EVERY, PROBE_K, AcceptanceEstimate, AdaptiveK
+from bebop.engine.adaptive import (
+    FAR_PROBE_EVERY,
+    PRIOR_ACCEPTANCE,
+    PROBE_BAND,
+    PROBE_EVERY,
+    PROBE_K,
+    AcceptanceEstimate,
+    AdaptiveK,
+)
 from bebop.engine.step_costs import MAX_JUMP, StepCosts, profile, step_costs
 from bebop.errors import BebopError
 from bebop.sampling import SamplingParams
@@ -79,13 +87,21 @@ def test_measured_steps_correct_the_profile():
     assert _measured(policy, 1).choose(1) == 3  # another live-batch size keeps its own ratios
 
 
+def _at_prior(k: int, rows: int = 1000) -> list[int]:
+    """Accepted-draft counts of `rows` drafting rows, accepted at each depth with the prior's rate."""
+    a = PRIOR_ACCEPTANCE
+    shares = [a ** n * (1 - a) for n in range(k)] + [a ** k]  # P(n accepted), n = 0..k
+    return [n for n, share in enumerate(shares) for _ in range(round(share * rows))]
+
+
 def _run_steps(policy: AdaptiveK, rows: int, steps: int) -> list[int]:
-    """The k chosen at each of `steps` decode steps over `rows` rows, each measured as profiled."""
+    """The k chosen at each of `steps` decode steps over `rows` rows, each measured as profiled (a drafting step's
+    acceptance at the prior's rate)."""
     choices = []
     for _ in range(steps):
         k = policy.choose(rows)
         choices.append(k)
-        policy.observe(rows, k, policy.costs.profiled(rows, k), [])
+        policy.observe(rows, k, policy.costs.profiled(rows, k), _at_prior(k) if k else [])
     return choices
 
 
@@ -96,6 +112,18 @@ def test_the_kind_not_chosen_is_probed_again():
     choices = _run_steps(policy, 64, PROBE_EVERY + 3)
     assert choices[0] == PROBE_K  # the kind not chosen measured first, with the cheapest drafting step
     assert choices[1:].count(0) == len(choices) - 2 and PROBE_K in choices[1:]  # plain, drafting measured again
+
+
+def test_a_new_controller_over_cached_costs_measures_the_acceptance_first():
+    """Costs are cached per model and outlive a call; the acceptance estimate is each controller's own. A new
+    call's controller over costs that already measured drafting has verified no draft: its acceptance is the
+    prior, which may undersell the head, so it measures drafting before settling on plain steps."""
+    costs = _costs(per_token=0.6 / 64, fixed=1.0, mtp=0.2, max_k=4)
+    _run_steps(AdaptiveK(4, costs), 64, 3)  # an earlier call measured both kinds
+    fresh = AdaptiveK(4, costs)
+    assert fresh.best(64) == 0 and fresh.choose(64) == PROBE_K
+    fresh.observe(64, PROBE_K, costs.profiled(64, PROBE_K), _at_prior(PROBE_K))
+    assert fresh.choose(64) == 0  # measured: the usual schedule from here
 
 
 def test_drafting_that_cannot_win_is_probed_rarely():

@@ -11,19 +11,20 @@ decayed so it follows a policy that changes under RL; an unseen depth borrows th
 Cost: `StepCosts.predict(rows, k)`. The choice is argmax_k E(k) / cost(rows, k). So a large live
 batch, where a verify over k + 1 tokens per row is compute-bound, falls back to plain steps, and
 a small one drafts deep. The kind of step (plain / drafting) the estimates do not choose is measured
-first, a drafting probe with PROBE_K drafts (the cheapest drafting step: it measures the level every
-k shares); a live-batch bucket (octaves: 1, 2-3, 4-7, ...) starts from its nearest measured
-neighbour and measures the kind it is not choosing again every PROBE_EVERY steps, so neither a
-profile that is off nor one slow step can lock it out of the better kind. Where drafting is
-predicted far from winning (its throughput below PROBE_BAND of the margin it must beat: a large live
-batch on a CPU, where a verify is compute-bound; judged on a measurement of drafting at that size,
-or on the profile before any) it is probed only every FAR_PROBE_EVERY steps, the first time
-included: a drafting probe is the costly kind (a verify over k + 1 tokens a row, the catch-up
+first (drafting also when the costs are cached from an earlier call but this controller has verified no
+draft: the acceptance is the prior until then), a drafting probe with PROBE_K drafts (the cheapest
+drafting step: it measures the level every k shares); a live-batch bucket (octaves: 1, 2-3, 4-7, ...)
+starts from its nearest measured neighbour and measures the kind it is not choosing again every
+PROBE_EVERY steps, so neither a profile that is off nor one slow step can lock it out of the better
+kind. Where drafting is predicted far from winning (its throughput below PROBE_BAND of the margin it
+must beat: a large live batch on a CPU, where a verify is compute-bound; judged on a measurement of
+drafting at that size, or on the profile before any) it is probed only every FAR_PROBE_EVERY steps, the
+first time included: a drafting probe is the costly kind (a verify over k + 1 tokens a row, the catch-up
 refresh over every skipped position, rows that desynchronise), so there `--k auto` runs as plain
-decoding does, and a long run (an RL run keeps its controller) still sees a measurement that was
-off. Only decode steps are measured (every row feeds one token, no catch-up refresh): a prefill, an
-observation or a refresh over skipped steps would charge its cost to the k of that step. The
-decoding loop counts every decision per live-batch size (SpecMetrics.k_histogram).
+decoding does, and a long run (an RL run keeps its controller) still sees a measurement that was off.
+Only decode steps are measured (every row feeds one token, no catch-up refresh): a prefill, an
+observation or a refresh over skipped steps would charge its cost to the k of that step. The decoding
+loop counts every decision per live-batch size (SpecMetrics.k_histogram).
 
 Anchors: vLLM's adaptive verification (costs profiled at start-up, survival probability per
 draft slot), SGLang's per-batch-size step tiers, TensorRT-LLM's `draft_len_schedule`.
@@ -75,6 +76,10 @@ class AcceptanceEstimate:
             for d in range(min(k, n + 1)):
                 self.reached[d] += 1
                 self.accepted[d] += d < n
+
+    def seen(self) -> bool:
+        """Whether any draft was verified (else every rate is the prior)."""
+        return any(self.reached)
 
     def rates(self) -> list[float]:
         out, prior = [], PRIOR_ACCEPTANCE
@@ -135,7 +140,8 @@ class AdaptiveK:
             # from another live-batch size
             far = (drafting and self.drafting_edge(rows, best_draft) < PROBE_BAND
                    and (self.costs.measured_here(bucket, True) or not self.costs.has_measured(True)))
-            if not far and not self.costs.has_measured(drafting):
+            unknown = not self.costs.has_measured(drafting) or (drafting and not self.acceptance.seen())
+            if not far and unknown:  # a new controller over cached costs has not verified a draft: measure it first
                 return k
             last = self.last_measured.setdefault((bucket, drafting), self.steps)  # a new bucket borrows
             if self.steps - last > (FAR_PROBE_EVERY if far else PROBE_EVERY):
