@@ -7,9 +7,9 @@ Builds a model larger than the embedded default (hidden 512, 8 layers, a 32k voc
 parameters with the embedding tied to the LM head), then trains it for --steps steps with `bebop sft` (every
 parameter trained) or `bebop mtp train` (the trunk frozen, the head trained) as 1 process, 2 ranks
 `--parallel fsdp` and 2 ranks `--parallel ddp`, the same batches in each. Each rank reports its own peak memory
-(the resident set's peak on the CPU, the allocator's on a GPU: bebop.dist.world.peak_memory_mb) and the run
+(the resident set's peak on the CPU, the allocator's on a GPU: bebop.distributed.world.peak_memory_mb) and the run
 its training seconds, and what it holds of the training state (weights, gradients, AdamW moments: exact tensor
-bytes, bebop.dist.parallel.Parallel.state_mb). Prints one JSON line per run and a markdown table.
+bytes, bebop.distributed.parallel.Parallel.state_mb). Prints one JSON line per run and a markdown table.
 
 What bounds the numbers: a CPU rank's peak resident set counts everything the process ever held (torch itself,
 about 300 MB, the data, the gathered checkpoint on rank 0), not only parameters, gradients and AdamW state.

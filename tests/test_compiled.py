@@ -44,6 +44,13 @@ def test_compiled_steps_run_and_equal_eager(spec_model, compiled_model):
     assert [g.token_ids for g in spec] == [g.token_ids for g in ref]
 
 
+def test_the_recompile_limit_is_the_steps_own(spec_model):
+    """Compiling bebop's steps leaves the process's dynamo recompile limit (a user's other compiled code) alone."""
+    with torch._dynamo.config.patch(recompile_limit=8):
+        compiled.compile_steps(copy.deepcopy(spec_model), "on")
+        assert torch._dynamo.config.recompile_limit == 8
+
+
 def test_graphs_are_reused_across_batch_sizes_and_weight_updates(compiled_model):
     """A run at another live-batch size (2 and up share one graph), with other prompt lengths (every span and rope
     table shares it), plain or speculative with any k (k from 2 up shares the verify graph and the refresh, every

@@ -16,7 +16,7 @@ from bebop.mtp.exact import expected_chains
 from bebop.mtp.rollout_files import RolloutIds, read_rollouts
 from bebop.policy import load_policy
 from bebop.sampling import SamplingParams, warp_probs
-from bebop.study.entropy_bins import wilson
+from bebop.stats.entropy_bins import wilson
 
 from spec_helpers import PROMPTS, ids_of
 

@@ -194,7 +194,7 @@ def test_bad_learner_requests_are_refused_before_any_rank_starts(argv, message, 
 def test_optimizer_state_keys_round_trip_and_a_foreign_state_is_refused():
     """torch.distributed.checkpoint keys the optimizer state by parameter name; checkpoints keep torch.optim's
     index keys (one process's layout), and a state of another model is refused in one line."""
-    from bebop.dist.parallel import _by_index, _by_name
+    from bebop.distributed.parallel import _by_index, _by_name
     from bebop.errors import BebopError
 
     names = [["a.weight", "a.bias"], ["b.weight"]]

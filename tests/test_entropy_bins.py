@@ -10,8 +10,8 @@ from bebop.engine.metrics import merged
 from bebop.engine.speculative import speculative_generate
 from bebop.errors import BebopError
 from bebop.sampling import SamplingParams
-from bebop.study.entropy_bins import acceptance_slope, entropy_bins, per_token_law, wilson
-from bebop.study.intervals import mean_interval
+from bebop.stats.entropy_bins import acceptance_slope, entropy_bins, per_token_law, wilson
+from bebop.stats.intervals import mean_interval
 
 from spec_helpers import PROMPTS, ids_of
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from bebop.errors import BebopError
-from bebop.study.intervals import mean_interval, t95
+from bebop.stats.intervals import mean_interval, t95
 
 
 def test_known_values():

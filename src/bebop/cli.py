@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_out_dir(args)
-        if hasattr(args, "nproc"):  # a learner command: as N ranks (bebop.dist.launch)
-            from bebop.dist.launch import check_nproc, relaunch, under_launcher
+        if hasattr(args, "nproc"):  # a learner command: as N ranks (bebop.distributed.launch)
+            from bebop.distributed.launch import check_nproc, relaunch, under_launcher
 
             check_nproc(args.nproc, args.device)
             if args.nproc > 1 and not under_launcher():
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 return relaunch(args.nproc, argv)
         args.func(args)
     except BebopError as exc:
-        from bebop.dist.world import env_world
+        from bebop.distributed.world import env_world
 
         if env_world().is_main:  # every rank meets the same input: one line, from rank 0
             print(f"error: {exc}", file=sys.stderr)

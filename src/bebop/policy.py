@@ -90,3 +90,12 @@ def generation_stop_ids(model_dir: str | os.PathLike) -> tuple[int, ...]:
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise BebopError(f"{path}: eos_token_id must be a token id or a list of them, got {value!r}")
     return tuple(ids)
+
+
+def encode_prompt(policy: Policy, text: str, what: str) -> list[int]:
+    """A prompt's token ids, or a BebopError naming `what` when the tokenizer cannot express it."""
+    ids = policy.codec.encode(text)
+    unk = policy.codec.token_id("<unk>")
+    if not ids or (unk is not None and unk in ids):
+        raise BebopError(f"{what}: the policy's tokenizer cannot express the prompt {text[:60]!r}")
+    return ids

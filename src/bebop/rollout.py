@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from bebop.engine import Generation, generate
-from bebop.errors import BebopError
-from bebop.policy import Policy
+from bebop.policy import Policy, encode_prompt
 from bebop.sampling import SamplingParams
 from bebop.tasks import Problem, Task
 
@@ -38,15 +37,6 @@ def make_observer(policy: Policy, task: Task, problems: Sequence[Problem]) -> Ca
         return policy.codec.encode(text) if text else None
 
     return observe
-
-
-def encode_prompt(policy: Policy, text: str, what: str) -> list[int]:
-    """A prompt's token ids, or a BebopError naming `what` when the tokenizer cannot express it."""
-    ids = policy.codec.encode(text)
-    unk = policy.codec.token_id("<unk>")
-    if not ids or (unk is not None and unk in ids):
-        raise BebopError(f"{what}: the policy's tokenizer cannot express the prompt {text[:60]!r}")
-    return ids
 
 
 def encode_prompts(policy: Policy, problems: Sequence[Problem]) -> list[list[int]]:

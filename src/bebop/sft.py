@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from bebop.chat import parse_template_kwargs
-from bebop.dist.parallel import Logits, Parallel, check_parallel
-from bebop.dist.world import World, init_world, peak_memory_mb
+from bebop.distributed.parallel import Logits, Parallel, check_parallel
+from bebop.distributed.world import World, init_world, peak_memory_mb
 from bebop.embedded import init_model_dir
 from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
@@ -251,7 +251,7 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
               loggers: LoggerNames = (), device: str = "cpu", parallel: str = "fsdp") -> dict:
     """Train (or resume) a policy in `out`; return the final metrics (also in sft_meta.json). Per-step
     metrics: OUT/sft_metrics.jsonl (and the trackers in `loggers`: bebop.loggers). Under torchrun each rank
-    trains its share of every batch (`parallel`: fsdp or ddp, bebop.dist); rank 0 writes."""
+    trains its share of every batch (`parallel`: fsdp or ddp, bebop.distributed); rank 0 writes."""
     out = Path(out)
     check_loggers(loggers)  # before anything is written
     check_parallel(parallel)

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from contextlib import nullcontext
 
 import torch
 
-from bebop.commands.flags import add_chat_args, add_progress_args, check_at_least_one
-from bebop.commands.generate import start_vllm
-from bebop.engine import generate
-from bebop.engine.compiled import compile_steps, expected_decode_steps
+from bebop.commands.flags import add_chat_args, add_progress_args, check_at_least_one, decode_spec
+from bebop.decoding import open_engine
 from bebop.errors import BebopError
 from bebop.policy import load_policy
 from bebop.progress import bar as progress_bar
@@ -54,15 +51,13 @@ def run(args: argparse.Namespace) -> None:
     n = min(args.n, len(task.rows)) if isinstance(task, DatasetTask) else args.n
     problems = task.problems("test", n, args.seed)
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
-    if args.engine == "bebop":
-        compile_steps(policy.model, args.compile, expected_decode_steps(len(problems), args.batch_size,
-                                                                        args.max_new_tokens))
-    with start_vllm(policy, args) or nullcontext() as server:  # None on bebop's engine
+    with open_engine(policy, decode_spec(args), model_dir=args.model, rows=len(problems), batch_size=args.batch_size,
+                     max_new_tokens=args.max_new_tokens, sampling=SamplingParams(args.temperature), dtype=args.dtype,
+                     seed=args.seed) as decoder:
         with progress_bar(total=len(problems), desc=f"eval {task.name}", unit="problem",
                           enabled=not args.no_progress) as bar:
             episodes = run_episodes(policy, task, problems, sampling=SamplingParams(args.temperature),
                                     max_new_tokens=args.max_new_tokens, generator=generator,
-                                    batch_size=args.batch_size, on_batch=bar.update,
-                                    generate_fn=server.engine if server is not None else generate)
+                                    batch_size=args.batch_size, on_batch=bar.update, generate_fn=decoder)
     print(json.dumps({"task": task.name, "temperature": args.temperature, "engine": args.engine,
                       **summarize(episodes)}))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from bebop.decoding import DecodeSpec
 from bebop.engine.compiled import COMPILE_CHOICES
+from bebop.engine.names import ROLLOUT_ENGINES
+from bebop.engine.speculative import DEFAULT_MAX_K, parse_k
 from bebop.errors import BebopError
 from bebop.loggers import LOGGERS
-from bebop.vllm import ENGINES
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -31,9 +33,9 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_learner_args(p: argparse.ArgumentParser, check) -> None:
-    """--nproc and --parallel: the learner over N ranks (bebop.dist). `check(args, nproc)` refuses a request the
+    """--nproc and --parallel: the learner over N ranks (bebop.distributed). `check(args, nproc)` refuses a request the
     ranks could not run (a batch N does not divide) before any rank starts."""
-    from bebop.dist.parallel import PARALLEL
+    from bebop.distributed.parallel import PARALLEL
 
     p.add_argument("--nproc", type=int, default=1,
                    help="learner ranks on this machine (torch.distributed: gloo on the CPU, NCCL on GPUs; each rank "
@@ -85,9 +87,15 @@ VLLM_PYTHON_HELP = "with --engine vllm: the Python that has vLLM (default: $BEBO
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", choices=ENGINES, default="bebop", help=ENGINE_HELP)
+    p.add_argument("--engine", choices=ROLLOUT_ENGINES, default="bebop", help=ENGINE_HELP)
     p.add_argument("--vllm-python", default="", help=VLLM_PYTHON_HELP)
 
 
 COMPILE_HELP = ("compile the decoding steps with torch.compile: on, off, or auto (only a run long enough to pay for "
                 "compiling; docs/benchmarks.md)")
+
+
+def decode_spec(args: argparse.Namespace) -> DecodeSpec:
+    """The decoding flags (--engine, --spec, --k, --max-k, --compile, --vllm-python) as one checked DecodeSpec."""
+    return DecodeSpec(engine=args.engine, spec=getattr(args, "spec", "off"), k=parse_k(getattr(args, "k", 3)),
+                      max_k=getattr(args, "max_k", DEFAULT_MAX_K), compile=args.compile, vllm_python=args.vllm_python)

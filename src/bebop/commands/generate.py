@@ -6,18 +6,14 @@ import argparse
 import json
 import sys
 import time
-from contextlib import nullcontext
 
 import torch
 
 from bebop.chat import check_messages
-from bebop.commands.flags import check_at_least_one
-from bebop.engine import FINISH_CONTEXT, generate
-from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import compile_seconds, compile_steps, expected_decode_steps
-from bebop.engine.metrics import SpecMetrics
-from bebop.engine.speculative import AUTO, check_spec_flags, parse_k, speculative_generate
-from bebop.engine.step_costs import step_costs
+from bebop.commands.flags import check_at_least_one, decode_spec
+from bebop.decoding import Decoder, open_engine
+from bebop.engine import FINISH_CONTEXT
+from bebop.engine.compiled import compile_seconds
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.jsonl import dumps_rows, read_numbered, write_jsonl
@@ -60,69 +56,31 @@ def _file_prompt(row: dict, what: str) -> str | list[dict]:
     return value
 
 
-def check_generate_args(policy: Policy, args: argparse.Namespace) -> None:
-    """Every flag problem, before anything is generated or written."""
-    check_at_least_one(args, "max_new_tokens", "batch_size")
-    check_spec_flags(args.spec, args.k, args.max_k)
-    if args.spec != "off":
-        policy.model.require_mtp()
-    if args.engine == "vllm" and args.k == AUTO:
-        raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
-
-
-def start_vllm(policy: Policy, args: argparse.Namespace):
-    """The vLLM worker serving --model (its MTP head drafting with --spec), or None on bebop's engine."""
-    if args.engine != "vllm":
-        return None
-    from bebop.vllm.serve import VllmServer
-
-    return VllmServer(policy.model, args.model, dtype=args.dtype, spec=getattr(args, "spec", "off"),
-                      k=getattr(args, "k", 3), python=args.vllm_python or None, seed=args.seed)
-
-
-def _decode_batch(policy: Policy, ids: list[list[int]], common: dict, args: argparse.Namespace, controller,
-                  server) -> tuple[list, SpecMetrics | None]:
-    """One batch through the chosen engine: its generations and, when it drafted, its acceptance metrics."""
-    if server is not None:
-        sink: list[SpecMetrics] = []
-        with server.engine.counting(args.k, sink) if args.spec != "off" else nullcontext():
-            gens = server.engine(policy.model, ids, **common)
-        return gens, sink[0] if sink else None
-    if args.spec == "off":
-        return generate(policy.model, ids, **common), None
-    return speculative_generate(policy.model, ids, k=args.k, mode=args.spec, max_k=args.max_k,
-                                controller=controller, **common)
-
-
 def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) -> tuple[list[dict], dict]:
     """Generate every prompt in batches; return the output rows and the metrics: throughput of the
-    decoding alone (model loading excluded) and, with --spec, the acceptance metrics."""
-    args.k = parse_k(args.k)
-    check_generate_args(policy, args)
-    controller = None
-    if args.engine == "bebop":
-        compile_steps(policy.model, args.compile, expected_decode_steps(len(prompts), args.batch_size,
-                                                                        args.max_new_tokens))
-    compiled_before = compile_seconds(policy.model)
-    if args.k == AUTO:  # profiled through the compiled steps when compiled, whose graphs this compiles
-        costs = step_costs(policy.model, max_rows=min(args.batch_size, len(prompts)), max_k=args.max_k,
-                           mode=args.spec, sampling=sampling_from_args(args))
-        controller = AdaptiveK(args.max_k, costs)  # one per command: acceptance carries across batches
-    with start_vllm(policy, args) or nullcontext() as server:
-        rows, spec, elapsed = _generate_batches(policy, prompts, args, controller, server)
+    decoding alone (model loading and a vLLM worker's start excluded; the compiled steps' warm-up reported
+    apart) and, with --spec, the acceptance metrics."""
+    check_at_least_one(args, "max_new_tokens", "batch_size")
+    spec = decode_spec(args)
+    if spec.drafts:
+        policy.model.require_mtp()
+    with open_engine(policy, spec, model_dir=args.model, rows=len(prompts), batch_size=args.batch_size,
+                     max_new_tokens=args.max_new_tokens, sampling=sampling_from_args(args), dtype=args.dtype,
+                     seed=args.seed) as decoder:
+        before = compile_seconds(policy.model)
+        rows, elapsed = _generate_batches(policy, prompts, args, decoder)
+        compiling = compile_seconds(policy.model) - before  # graphs compiled inside the timed batches
     tokens = sum(len(row["token_ids"]) for row in rows)
-    warmup = compile_seconds(policy.model) - compiled_before  # compiling the steps, inside elapsed
     metrics = {"elapsed_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else 0.0,
-               "compile_warmup_s": warmup,
-               "decode_tokens_per_s": tokens / (elapsed - warmup) if elapsed > warmup else 0.0}
-    return rows, {**metrics, **(spec.to_dict() if spec else {})}
+               "compile_warmup_s": decoder.compile_warmup_s + compiling,
+               "decode_tokens_per_s": tokens / (elapsed - compiling) if elapsed > compiling else 0.0}
+    return rows, {**metrics, **(decoder.metrics.to_dict() if decoder.metrics else {})}
 
 
-def _generate_batches(policy: Policy, prompts: list[str], args: argparse.Namespace, controller,
-                      server) -> tuple[list[dict], SpecMetrics | None, float]:
-    """The output rows, the merged acceptance metrics (with --spec) and the seconds spent decoding."""
+def _generate_batches(policy: Policy, prompts: list[str], args: argparse.Namespace,
+                      decoder: Decoder) -> tuple[list[dict], float]:
+    """The output rows and the seconds spent decoding them."""
     sampling = sampling_from_args(args)
-    spec = SpecMetrics(args.max_k if args.k == AUTO else args.k) if args.spec != "off" else None
     generator = torch.Generator(device=policy.model.device).manual_seed(args.seed)
     rows, elapsed = [], 0.0
     batches = range(0, len(prompts), args.batch_size)
@@ -132,16 +90,13 @@ def _generate_batches(policy: Policy, prompts: list[str], args: argparse.Namespa
         for i, toks in enumerate(ids):
             if not toks:
                 raise BebopError(f"prompt {start + i} encodes to no tokens")
-        common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling,
-                      stop_ids=() if args.ignore_eos else policy.stop_ids, generator=generator, pad_id=policy.pad_id)
         t0 = time.perf_counter()
-        gens, batch_metrics = _decode_batch(policy, ids, common, args, controller, server)
+        gens = decoder(policy.model, ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                       stop_ids=() if args.ignore_eos else policy.stop_ids, generator=generator, pad_id=policy.pad_id)
         elapsed += time.perf_counter() - t0
-        if spec is not None and batch_metrics is not None:
-            spec = spec.merge(batch_metrics)
         rows += [{"prompt": text, "completion": policy.codec.decode(gen.completion_ids), "token_ids": gen.token_ids,
                   "logprobs": gen.logprobs, "finish_reason": gen.finish_reason} for text, gen in zip(texts, gens)]
-    return rows, spec, elapsed
+    return rows, elapsed
 
 
 def _warn_context(rows: list[dict], context: int, max_new_tokens: int) -> None:

@@ -12,7 +12,7 @@ import torch
 from bebop.commands.config_flags import add_config_flags, config_values
 from bebop.commands.flags import VLLM_PYTHON_HELP, add_learner_args, add_log_args, add_progress_args, check_at_least_one
 from bebop.commands.outputs import add_out_dir, refuse_to_replace
-from bebop.dist.world import World, env_world
+from bebop.distributed.world import World, env_world
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
 from bebop.policy import load_policy
@@ -41,18 +41,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
 
 
 def _add_export(mtp_sub) -> None:
-    from bebop.mtp.export import ENGINES
+    from bebop.model.engine_export import EXPORT_ENGINES
 
     p = mtp_sub.add_parser("export", help="write the model with its head as vLLM's or SGLang's MTP loader reads it")
     p.add_argument("--model", required=True, help="the model directory with its MTP head")
-    p.add_argument("--engine", required=True, choices=ENGINES, help="the engine whose MTP loader reads the output")
+    p.add_argument("--engine", required=True, choices=EXPORT_ENGINES, help="the engine whose MTP loader reads the output")
     add_out_dir(p, "the model directory to write")
     p.add_argument("--k", type=int, default=3, help="drafts per step in the printed launch settings")
     p.set_defaults(func=run_export)
 
 
 def run_export(args: argparse.Namespace) -> None:
-    from bebop.mtp.export import export_head
+    from bebop.model.engine_export import export_head
 
     check_at_least_one(args, "k")
     print(export_head(args.model, engine=args.engine, out=args.out, k=args.k))

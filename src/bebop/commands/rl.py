@@ -11,7 +11,7 @@ import json
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
 from bebop.commands.flags import add_learner_args, add_log_args, add_progress_args
 from bebop.commands.outputs import add_out_dir
-from bebop.dist.world import env_world
+from bebop.distributed.world import env_world
 from bebop.rl.config import BACKENDS, Backend, RLConfig, check_learner_ranks
 
 REQUIRED = ("model", "steps")  # and --task or --data

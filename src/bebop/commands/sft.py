@@ -10,7 +10,7 @@ import json
 from bebop.commands.config_flags import add_config_flags, config_values, require_one_of
 from bebop.commands.flags import add_learner_args, add_log_args, add_progress_args
 from bebop.commands.outputs import add_out_dir
-from bebop.dist.world import World, env_world
+from bebop.distributed.world import World, env_world
 from bebop.sft import DEFAULT_STEPS, SFTConfig, train_sft
 
 

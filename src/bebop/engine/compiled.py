@@ -194,11 +194,10 @@ class CompiledSteps:
     """One model's compiled step functions; `failed` holds why compiling failed (then all runs eager)."""
 
     def __init__(self) -> None:
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        self.trunk = torch.compile(_trunk, fullgraph=True, dynamic=False)
-        self.refresh = torch.compile(_refresh, fullgraph=True, dynamic=False)
-        self.draft = torch.compile(_draft, fullgraph=True, dynamic=False)
-        self.verify = torch.compile(_verify, fullgraph=True, dynamic=False)
+        self.trunk = _compile(_trunk)
+        self.refresh = _compile(_refresh)
+        self.draft = _compile(_draft)
+        self.verify = _compile(_verify)
         self.failed: str | None = None
         self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "refresh",
         # "draft" (one drafting forward), "verify"
@@ -251,6 +250,12 @@ class CompiledSteps:
         cache.span += chunk_len
         self.calls[name] += 1
         return out
+
+
+def _compile(fn):
+    """fn compiled as one graph; the recompile limit is its own (torch.compile's per-region limit), not the process's
+    (torch's type stubs do not list that argument yet)."""
+    return torch.compile(fn, fullgraph=True, dynamic=False, recompile_limit=RECOMPILE_LIMIT)  # type: ignore[call-overload]
 
 
 def _row_major(t: torch.Tensor) -> torch.Tensor:

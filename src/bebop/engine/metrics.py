@@ -11,7 +11,7 @@
                                 by the number of rows still generating ('1', '2-3', '4-7', ...)
     draft_log                   with log_drafts=True (evaluation): one (depth, target entropy, accepted,
                                 sequence) per verified draft, the per-token data of the entropy law
-                                (bebop.study.entropy_bins); sequence: the prompt's index in its call,
+                                (bebop.stats.entropy_bins); sequence: the prompt's index in its call,
                                 renumbered by merge so that two calls' sequences stay apart; not in to_dict
 """
 

@@ -26,6 +26,7 @@ from bebop.model.config import ModelConfig, read_config, write_config
 from bebop.model.mtp import MTP_PREFIX
 from bebop.model.qwen3 import CausalLM
 from bebop.model.weight_files import StoredLayout, largest_shard, read_state_dict, write_weights
+from bebop.tokenizer import copy_tokenizer_files
 
 LANGUAGE_PREFIX = "model.language_model."  # a multimodal Qwen3.5 checkpoint's text model
 VISION_PREFIX = "model.visual."  # its vision tower: not run (bebop runs the text model), carried through saves
@@ -209,6 +210,12 @@ def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes
     write_weights(files | carried, model_dir,
                   max_shard_bytes if max_shard_bytes is not None else stored.shard_bytes)
     write_config(cfg, model_dir)
+
+
+def write_model_dir(model: CausalLM, source_dir: Path, model_dir: Path, with_head: bool = True) -> None:
+    """A loadable model directory: weights (trunk + mtp.*, or the trunk alone), config, the source's tokenizer files."""
+    save_model(model, model_dir, with_head=with_head)
+    copy_tokenizer_files(source_dir, model_dir)
 
 
 def build_model(cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> CausalLM:

@@ -30,6 +30,8 @@ from bebop.sampling import SamplingParams
 from bebop.tasks import Task
 from bebop.tasks.dataset_task import DatasetTask
 
+SAMPLE_BATCH = 64  # rows per engine call while sampling
+
 
 @dataclass
 class Sequence:
@@ -69,10 +71,10 @@ def load_sequences(path: Path, policy: Policy) -> list[Sequence]:
 
 
 def selfdistill_data(policy: Policy, task: Task, *, n: int, temperature: float, seed: int, cache_dir: str | Path,
-                     max_new_tokens: int = 192, batch_size: int = 64, progress: bool = True, engine: str = "bebop",
+                     max_new_tokens: int = 192, batch_size: int = SAMPLE_BATCH, progress: bool = True, engine: str = "bebop",
                      open_engine: Callable[[], AbstractContextManager] | None = None) -> list[Sequence]:
-    """The policy's samples, cached; on a miss `open_engine()` gives the generate_fn to sample with (started
-    only then: a vLLM worker for --engine vllm)."""
+    """The policy's samples, cached; on a miss `open_engine()` gives the generate function to sample with (opened
+    only then: a vLLM worker for --engine vllm; bebop.decoding.open_engine)."""
     path = _cache_path(Path(cache_dir), task, n, temperature, seed, max_new_tokens, engine)
     if path.is_file():
         return load_sequences(path, policy)
@@ -91,7 +93,7 @@ def save_sequences(path: Path, policy: Policy, seqs: list[Sequence]) -> None:
 
 
 def sample_sequences(policy: Policy, task: Task, *, n: int, temperature: float, seed: int, split: str = "train",
-                     max_new_tokens: int = 192, batch_size: int = 64, progress: bool = True,
+                     max_new_tokens: int = 192, batch_size: int = SAMPLE_BATCH, progress: bool = True,
                      generate_fn=generate) -> list[Sequence]:
     """The policy's own completions of n `split` problems at `temperature` (seeded), not cached."""
     problems = task.problems(split, n, seed)

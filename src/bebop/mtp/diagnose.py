@@ -15,7 +15,7 @@ drafts); the mean acceptance length at K = 1 + sum_j w_j sum_{d<=K} P(through d)
 1 + accepted / drafts). Intervals are 95% normal intervals of these ratios over sequences as clusters (the
 starts of one sequence are not independent). Also: the per-position averages (every start weighted alike),
 the share of positions where RS beats TO (TV(p, q) < 1 - p(argmax q), docs/method.md section 5), the
-depth-1 acceptance against the target's entropy (quantile bins and the fitted slope, bebop.study.entropy_bins)
+depth-1 acceptance against the target's entropy (quantile bins and the fitted slope, bebop.stats.entropy_bins)
 and the draft diagnostics per depth along the RS chains (KL, H(q) - H(p), the alpha split).
 """
 
@@ -33,8 +33,8 @@ from bebop.mtp.rollout_files import RolloutIds
 from bebop.policy import Policy
 from bebop.progress import bar as progress_bar
 from bebop.sampling import SamplingParams
-from bebop.study.entropy_bins import acceptance_slope, per_token_law
-from bebop.study.intervals import Z95, cluster_ratio_se
+from bebop.stats.entropy_bins import acceptance_slope, per_token_law
+from bebop.stats.intervals import Z95, cluster_ratio_se
 
 MAX_REPORTED_K = 8
 

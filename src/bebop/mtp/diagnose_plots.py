@@ -7,7 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bebop.study.plots import _finish
+from bebop.stats.figures import finish_figure
 
 RULES = (("rs", "RS (rejection sampling)"), ("to", "TO (target-only)"))
 
@@ -34,7 +34,7 @@ def _per_depth(r: dict, path: Path) -> Path:
     ax.set_xticks(depths)
     ax.set_xlabel("draft depth")
     ax.set_ylabel("acceptance (accepted / drafts reaching the depth)")
-    return _finish(fig, ax, f"Acceptance the head allows, K = {r['k']}, T = {r['temperature']}", path)
+    return finish_figure(fig, ax, f"Acceptance the head allows, K = {r['k']}, T = {r['temperature']}", path)
 
 
 def _length(r: dict, path: Path) -> Path:
@@ -45,7 +45,7 @@ def _length(r: dict, path: Path) -> Path:
         ax.plot([int(k) for k in ks], [r["mean_acceptance_length"][mode][k] for k in ks], marker="o", label=label)
     ax.set_xlabel("K (drafts per step)")
     ax.set_ylabel("mean acceptance length (tokens per target forward)")
-    return _finish(fig, ax, "Expected tokens per step at each K", path)
+    return finish_figure(fig, ax, "Expected tokens per step at each K", path)
 
 
 def _entropy(r: dict, path: Path) -> Path:
@@ -57,4 +57,4 @@ def _entropy(r: dict, path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("target entropy H(p_1) (nats), quantile bins")
     ax.set_ylabel("depth-1 acceptance")
-    return _finish(fig, ax, "Acceptance against the target's entropy", path)
+    return finish_figure(fig, ax, "Acceptance against the target's entropy", path)

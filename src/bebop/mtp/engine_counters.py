@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from bebop.errors import BebopError
-from bebop.study.entropy_bins import wilson
+from bebop.stats.entropy_bins import wilson
 
 VLLM_KEYS = ("spec_decode_num_drafts", "spec_decode_num_accepted_tokens_per_pos")
 

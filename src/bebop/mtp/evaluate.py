@@ -5,7 +5,7 @@
 Each result is one (mode, temperature) point: vLLM's acceptance metrics from real speculative
 generation on the task's test prompts (agent observations included), plus the mean target
 entropy of the emitted tokens and the task's pass rate. With `entropy_bins=N` also the entropy law
-per token (bebop.study.entropy_bins): acceptance per depth in N quantile bins of the target's
+per token (bebop.stats.entropy_bins): acceptance per depth in N quantile bins of the target's
 entropy, and the first draft's acceptance slope per nat, with intervals over the prompts as clusters.
 """
 
@@ -22,7 +22,7 @@ from bebop.policy import Policy
 from bebop.progress import bar as progress_bar
 from bebop.rollout import run_episodes, summarize
 from bebop.sampling import SamplingParams
-from bebop.study.entropy_bins import per_token_law
+from bebop.stats.entropy_bins import per_token_law
 from bebop.tasks import Task
 
 

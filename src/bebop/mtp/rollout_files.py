@@ -23,8 +23,7 @@ from pathlib import Path
 
 from bebop.errors import BebopError
 from bebop.jsonl import read_numbered
-from bebop.policy import Policy
-from bebop.rollout import encode_prompt
+from bebop.policy import Policy, encode_prompt
 from bebop.tasks.data_files import parse_row
 
 PROMPT_ID_KEYS = ("prompt_ids", "prompt_token_ids", "input_ids")

@@ -31,9 +31,11 @@ from pathlib import Path
 import torch
 
 from bebop.chat import parse_template_kwargs
-from bebop.dist.parallel import Parallel, check_parallel
-from bebop.dist.world import World, init_world, peak_memory_mb
+from bebop.decoding import DecodeSpec, open_engine
+from bebop.distributed.parallel import Parallel, check_parallel
+from bebop.distributed.world import World, init_world, peak_memory_mb
 from bebop.encoding import env_token_mask
+from bebop.engine.names import ROLLOUT_ENGINES
 from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.loggers import LoggerNames, check_loggers
@@ -43,12 +45,13 @@ from bebop.model.checkpoint import save_model
 from bebop.model.mtp import MTP_PREFIX
 from bebop.model.qwen3 import CausalLM
 from bebop.mtp.chain import chain_forward, shifted
-from bebop.mtp.data import Sequence, demonstration_data, selfdistill_data
+from bebop.mtp.data import SAMPLE_BATCH, Sequence, demonstration_data, selfdistill_data
 from bebop.mtp.patience import Patience
 from bebop.mtp.rollout_files import read_rollouts
 from bebop.policy import Policy, load_policy, resolve_device
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
 from bebop.progress import bar as progress_bar
+from bebop.sampling import SamplingParams
 from bebop.tasks import TASK_LIST
 from bebop.tasks.dataset_task import COMPLETIONS, PROMPTS, run_task
 from bebop.tokenizer import copy_tokenizer_files
@@ -62,7 +65,6 @@ from bebop.train_state import (
     set_rng_state,
     with_defaults,
 )
-from bebop.vllm import ENGINES
 
 STATE_FILE = "mtp_train_state.pt"
 LOSS_CHUNK_FLOATS = 1 << 22  # loss temporaries per chunk: ~16 MB of float32 (5 chains at K=5, V=151k)
@@ -102,7 +104,7 @@ class MTPTrainConfig:
                         "(0: train every --steps; the best measured head is still the one saved)")
     eval_k: int = opt(3, "drafts per step of the held-out measure (RS expected acceptance rate at this K)")
     engine: str = opt("bebop", "the engine that samples self-distillation: bebop's, or vLLM in a worker process "
-                      "(docs/vllm.md; --vllm-python or BEBOP_VLLM_PYTHON)", choices=ENGINES)
+                      "(docs/vllm.md; --vllm-python or BEBOP_VLLM_PYTHON)", choices=ROLLOUT_ENGINES)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -121,8 +123,7 @@ class MTPTrainConfig:
         check_train_dtype(self.dtype)
         self._check_held_out()
         parse_template_kwargs(self.chat_template_kwargs)
-        if self.engine not in ENGINES:
-            raise BebopError(f"unknown --engine {self.engine!r}; choose from {', '.join(ENGINES)}")
+        DecodeSpec(engine=self.engine, compile="off")  # an unknown engine -> BebopError
 
 
     def _check_held_out(self) -> None:
@@ -248,13 +249,12 @@ def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bo
     return data
 
 
-def _vllm_opener(policy: Policy, model_dir: Path, cfg: MTPTrainConfig, python: str | None):
-    """With --engine vllm: what starts a vLLM worker on the policy for the self-distillation samples."""
-    if cfg.engine != "vllm":
-        return None
-    from bebop.vllm.serve import serving
-
-    return lambda: serving(policy.model, model_dir, python=python, seed=cfg.seed)
+def _opener(policy: Policy, model_dir: Path, cfg: MTPTrainConfig, python: str | None):
+    """What opens the engine that samples self-distillation (bebop's, eager; or a vLLM worker), on a cache miss."""
+    spec = DecodeSpec(engine=cfg.engine, compile="off", vllm_python=python or "")
+    return lambda: open_engine(policy, spec, model_dir=model_dir, rows=cfg.num_samples, batch_size=SAMPLE_BATCH,
+                               max_new_tokens=cfg.max_new_tokens, sampling=SamplingParams(cfg.temperature),
+                               seed=cfg.seed)
 
 
 def saved_config(state: dict) -> dict:
@@ -374,7 +374,7 @@ def _load_data_ranked(policy: Policy, cfg: MTPTrainConfig, model_dir: Path, data
                       progress: bool, vllm_python: str | None, world: World) -> list[Sequence]:
     """The training sequences; with several ranks, rank 0 samples (and caches) them first, then the others read."""
     cache = Path(data_cache or model_dir / "mtp_data")
-    opener = _vllm_opener(policy, model_dir, cfg, vllm_python)
+    opener = _opener(policy, model_dir, cfg, vllm_python)
     data = load_data(policy, cfg, cache, progress, opener) if world.is_main else []
     world.barrier()
     return data if world.is_main else load_data(policy, cfg, cache, False, opener)
@@ -387,7 +387,7 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     (default: model_dir). Per-step metrics: OUT/mtp_metrics.jsonl (and the trackers in `loggers`: bebop.loggers).
     The device is not part of the run: a run resumes on another one. With --held-out and --eval-every the head
     with the best held-out expected acceptance is the one saved (and --patience stops when it stops improving).
-    Under torchrun each rank trains its share of every batch (`parallel`: fsdp or ddp, bebop.dist); rank 0 writes."""
+    Under torchrun each rank trains its share of every batch (`parallel`: fsdp or ddp, bebop.distributed); rank 0 writes."""
     check_loggers(loggers)  # before anything is written
     check_parallel(parallel)
     world, device = init_world(device)

@@ -17,9 +17,8 @@ from pathlib import Path
 
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_text
-from bebop.model.checkpoint import save_model
+from bebop.model.checkpoint import write_model_dir
 from bebop.model.qwen3 import CausalLM
-from bebop.tokenizer import copy_tokenizer_files
 from bebop.train_state import load_train_state, save_train_state
 
 LATEST = "LATEST"
@@ -36,12 +35,6 @@ class Checkpoint:
     @property
     def model_dir(self) -> Path:
         return self.path / MODEL_DIR
-
-
-def write_model_dir(model: CausalLM, source_dir: Path, model_dir: Path, with_head: bool = True) -> None:
-    """A loadable model directory: weights (trunk + mtp.*, or the trunk alone), config, the source's tokenizer files."""
-    save_model(model, model_dir, with_head=with_head)
-    copy_tokenizer_files(source_dir, model_dir)
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model: CausalLM, source_dir: str | Path,

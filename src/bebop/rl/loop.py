@@ -25,21 +25,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bebop.dist.parallel import Logits, Parallel, check_parallel
-from bebop.dist.world import World, init_world
+from bebop.distributed.parallel import Logits, Parallel, check_parallel
+from bebop.distributed.world import World, init_world
 from bebop.engine.speculative import AUTO
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.jsonl import read_jsonl
 from bebop.loggers import LoggerNames, check_loggers
 from bebop.metrics_log import NO_LOG, MetricsLog
-from bebop.model.checkpoint import load_model, release_dtype
+from bebop.model.checkpoint import load_model, release_dtype, write_model_dir
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy, load_policy
 from bebop.progress import bar as progress_bar
 from bebop.progress import write as progress_write
 from bebop.rl.async_loop import AsyncSource
-from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint, write_model_dir
+from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from bebop.rl.config import Backend, RLConfig, check_learner_ranks, run_identity
 from bebop.rl.drafter_alarm import CLEARED, RAISED, DrafterAlarm
 from bebop.rl.evaluation import Evaluator
@@ -184,7 +184,7 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
              loggers: LoggerNames = (), device: str = "auto", backend: Backend = Backend(),
              parallel: str = "fsdp") -> dict:
     """Run (or resume) GRPO in `out`; return a summary of the last steps (rl/summary.py). Under torchrun each rank
-    updates with its share of every batch (`parallel`: fsdp or ddp, bebop.dist); rank 0 samples, broadcasts each
+    updates with its share of every batch (`parallel`: fsdp or ddp, bebop.distributed); rank 0 samples, broadcasts each
     batch, and writes."""
     backend.validate(cfg)
     check_parallel(parallel)

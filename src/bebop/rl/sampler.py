@@ -17,13 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bebop.engine import generate
+from bebop.decoding import auto_controller, generate_fn
 from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics, merged
 from bebop.engine.records import TRUNCATED
-from bebop.engine.speculative import AUTO, speculative_rollout_fn
-from bebop.engine.step_costs import step_costs
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
 from bebop.precision import DTYPES
@@ -81,23 +79,17 @@ class RolloutSampler:
 
     def _controller(self, model: CausalLM, rows: int) -> AdaptiveK | None:
         """With --k auto, one controller for the run: its acceptance estimate follows the policy."""
-        if self.cfg.k != AUTO:
-            return None
         if self.controller is None:
-            costs = step_costs(model, max_rows=min(rows, self.cfg.batch_size), max_k=self.cfg.max_k,
-                               mode=self.cfg.spec, sampling=self.cfg.sampling)
-            self.controller = AdaptiveK(self.cfg.max_k, costs)
-        self.controller.suspended = self.drafting_suspended
+            self.controller = auto_controller(model, self.cfg.decode, min(rows, self.cfg.batch_size), self.cfg.sampling)
+        if self.controller is not None:
+            self.controller.suspended = self.drafting_suspended
         return self.controller
 
     def generate_fn(self, model: CausalLM, rows: int, sink: list[SpecMetrics]):
-        """The engine the run's rollouts use: plain decoding, or drafting with the head (metrics to `sink`)."""
-        cfg = self.cfg
+        """The engine the run's rollouts use: vLLM's, or bebop's plain or drafting with the head (metrics to `sink`)."""
         if self.vllm is not None:
             return self.vllm.engine
-        if cfg.spec == "off":
-            return generate
-        return speculative_rollout_fn(cfg.k, cfg.spec, sink, max_k=cfg.max_k, controller=self._controller(model, rows))
+        return generate_fn(self.cfg.decode, sink, self._controller(model, rows))
 
     def batch_seed(self, index: int) -> int:
         return self.cfg.seed * STREAM_STRIDE + index

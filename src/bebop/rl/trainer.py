@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bebop.dist.parallel import Logits, Parallel
-from bebop.dist.world import World
+from bebop.distributed.parallel import Logits, Parallel
+from bebop.distributed.world import World
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
 from bebop.precision import train_autocast
@@ -111,7 +111,7 @@ class PolicyTrainer:
     def __init__(self, policy: Policy, cfg: RLConfig, *, reference: CausalLM | None = None,
                  policy_version: int = 0, par: Parallel | None = None) -> None:
         """`reference`: the frozen starting policy, required when cfg.kl_coef > 0 (see frozen_reference). `par`:
-        the training forward over the ranks (bebop.dist; built before the trainer: the optimizer holds its
+        the training forward over the ranks (bebop.distributed; built before the trainer: the optimizer holds its
         parameters); default one process."""
         self.policy, self.cfg = policy, cfg
         self.par = par or Parallel(World(), "fsdp", policy.model, Logits(policy.model))
@@ -135,7 +135,7 @@ class PolicyTrainer:
             updates = [self._update(mine, None, _tokens(batch))]
             entropy_sum = world.sum([updates[0].entropy_sum])[0]
         else:
-            old, entropy_sum = self._anchor(batch)  # (B, T-1): the anchor of every step (every rank: all rows)
+            old, entropy_sum = self._anchor(batch)  # (B, T-1): the anchor of every step, all rows on every rank
             generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.policy_version)
             splits = [rows.to(model.device) for _ in range(cfg.ppo_epochs)
                       for rows in mini_batch_rows(batch.ids.shape[0], cfg.mini_batches, generator)]
@@ -163,14 +163,17 @@ class PolicyTrainer:
             yield (rows, part, *self._logprobs(self.policy.model, part, entropy_grad))
 
     def _anchor(self, batch: TrainBatch) -> tuple[torch.Tensor, float]:
-        """The trainer's log-probs before the update (B, T-1), under no_grad, and their summed entropy."""
-        old = torch.zeros(batch.mask.shape, device=batch.ids.device)
+        """The trainer's log-probs before the update (B, T-1), under no_grad, and their summed entropy: each rank
+        computes its share of the rows and the ranks gather them (a row's mini-batch may fall to any rank)."""
+        world = self.par.world
+        mine = batch.rows(self._mine(torch.arange(batch.ids.shape[0], device=batch.ids.device)))
+        old = torch.zeros(mine.mask.shape, device=batch.ids.device)  # (B / ranks, T-1)
         entropy_sum = 0.0
         with torch.no_grad():
-            for rows, part, logprobs, entropy in self._micro_forwards(batch):
+            for rows, part, logprobs, entropy in self._micro_forwards(mine):
                 old[rows, : logprobs.shape[1]] = logprobs
                 entropy_sum += float((entropy * part.mask).sum())
-        return old, entropy_sum
+        return world.gather_rows(old), world.sum([entropy_sum])[0]
 
     def _update(self, batch: TrainBatch, old: torch.Tensor | None, total: int) -> Update:
         """One optimizer step on `batch` (this rank's share), a micro-batch at a time with gradients accumulated:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from bebop.errors import BebopError
-from bebop.study.intervals import t95
+from bebop.stats.intervals import t95
 
 PAPER_SLOPES = {"to": -1.68, "rs+ce": -1.68, "rs+tv": -0.06}
 

@@ -39,7 +39,7 @@ from bebop.mtp.exact import ESTIMATOR
 from bebop.mtp.heldout import expected_acceptance
 from bebop.mtp.train import METRICS_FILE, STATE_FILE, MTPTrainConfig, saved_config, train_mtp
 from bebop.policy import load_policy
-from bebop.study.intervals import mean_interval
+from bebop.stats.intervals import mean_interval
 from bebop.study.loss_report import cell_name, write_cells_report
 from bebop.study.loss_table import headed_copy
 from bebop.tasks import get_task

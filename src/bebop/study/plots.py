@@ -12,29 +12,12 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from bebop.fileio import atomic_write
+from bebop.stats.figures import finish_figure, save_figure
 from bebop.study.entropy_law import LinearFit
-
-DPI = 110
 
 
 def _integer_steps(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-
-
-def _finish(fig, ax, title: str, path: Path) -> Path:
-    """Title, grid and legend of a single-axes figure, then save it."""
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
-    return path
 
 
 def plot_entropy_law(curves: Sequence[tuple[str, Sequence[float], Sequence[float], LinearFit | None]],
@@ -55,7 +38,7 @@ def plot_entropy_law(curves: Sequence[tuple[str, Sequence[float], Sequence[float
             ax.plot([], [], color=color, marker=markers[i % len(markers)], label=name)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("mean acceptance length (tokens per target forward)")
-    return _finish(fig, ax, title, path)
+    return finish_figure(fig, ax, title, path)
 
 
 def plot_loss_table(losses: Sequence[str], rs: Sequence[float], to: Sequence[float], path: Path, title: str) -> Path:
@@ -73,7 +56,7 @@ def plot_loss_table(losses: Sequence[str], rs: Sequence[float], to: Sequence[flo
     ax.set_ylabel("acceptance rate (accepted / drafted tokens)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_binned_acceptance(curves: Sequence[tuple[str, Sequence[float], Sequence[float], Sequence[float],
@@ -88,7 +71,7 @@ def plot_binned_acceptance(curves: Sequence[tuple[str, Sequence[float], Sequence
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("target entropy at the draft's position (nats; quantile bins, symlog axis)")
     ax.set_ylabel("first-draft acceptance (95% Wilson interval)")
-    return _finish(fig, ax, title, path)
+    return finish_figure(fig, ax, title, path)
 
 
 def plot_acceptance_per_position(runs: Sequence[tuple[str, Sequence[int], Sequence[Sequence[float]]]],
@@ -107,7 +90,7 @@ def plot_acceptance_per_position(runs: Sequence[tuple[str, Sequence[int], Sequen
         ax.set_title(f"{title}: {name}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_step_time(names: Sequence[str], rollout: Sequence[float], train: Sequence[float], step: Sequence[float],
@@ -124,7 +107,7 @@ def plot_step_time(names: Sequence[str], rollout: Sequence[float], train: Sequen
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_rewards(runs: Sequence[tuple[str, Sequence[int], Sequence[float]]], path: Path, title: str) -> Path:
@@ -136,7 +119,7 @@ def plot_rewards(runs: Sequence[tuple[str, Sequence[int], Sequence[float]]], pat
     ax.set_xlabel("RL step")
     _integer_steps(ax)
     ax.set_ylabel("mean reward of the step's rollouts")
-    return _finish(fig, ax, title, path)
+    return finish_figure(fig, ax, title, path)
 
 
 def plot_online(runs: Sequence[tuple[str, Sequence[int], Sequence[float], Sequence[float]]], path: Path,
@@ -153,7 +136,7 @@ def plot_online(runs: Sequence[tuple[str, Sequence[int], Sequence[float], Sequen
         ax.set_title(title if i == 0 else "", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, title="online MTP")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_loss_intervals(losses: Sequence[str], cells: Mapping[str, Sequence[Sequence[float]]], path: Path,
@@ -171,7 +154,7 @@ def plot_loss_intervals(losses: Sequence[str], cells: Mapping[str, Sequence[Sequ
     ax.set_xticks(list(range(len(losses))), list(losses))
     ax.set_ylabel("acceptance rate (mean over seeds, 95% interval)")
     ax.set_ylim(0, 1)
-    return _finish(fig, ax, title, path)
+    return finish_figure(fig, ax, title, path)
 
 
 def plot_curves(curves: Sequence[tuple[str, Sequence[int], Sequence[float]]], path: Path, title: str) -> Path:
@@ -187,4 +170,4 @@ def plot_curves(curves: Sequence[tuple[str, Sequence[int], Sequence[float]]], pa
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out RS expected acceptance")
     _integer_steps(ax)
-    return _finish(fig, ax, title, path)
+    return finish_figure(fig, ax, title, path)

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bebop.errors import BebopError
-from bebop.policy import Policy
-from bebop.rollout import encode_prompt
+from bebop.policy import Policy, encode_prompt
 from bebop.tasks import get_task
 from bebop.tasks.base import Problem, Task, check_split
 from bebop.tasks.data_files import DataRow, read_data_rows

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from bebop.model.checkpoint import write_model_dir
 from bebop.model.config import HYBRID_FAMILIES
+from bebop.model.engine_export import check_engine_head, drop_mrope
 from bebop.model.qwen3 import CausalLM
-from bebop.mtp.export import check_engine_head, drop_mrope
-from bebop.rl.checkpoint import write_model_dir
 from bebop.vllm.client import VllmWorker
 from bebop.vllm.engine import VllmEngine
 
@@ -79,11 +77,8 @@ class VllmServer:
         self.close()
 
 
-@contextmanager
-def serving(model: CausalLM, source_dir: str | Path, *, python: str | None = None, seed: int = 0) -> Iterator[VllmEngine]:
-    """A plain-decoding vLLM engine on the model's weights for the block (mtp train's self-distillation), in the
-    model's dtype (bfloat16 for a Qwen3.5: vLLM-CPU's gated delta net needs it)."""
+def serving_dtype(model: CausalLM) -> str:
+    """The dtype vLLM serves a bebop model in when the user names none: the model's, bfloat16 for a Qwen3.5
+    (vLLM-CPU's gated delta net needs it)."""
     hybrid = model.config.model_type in HYBRID_FAMILIES
-    dtype = "bfloat16" if hybrid or model.dtype == torch.bfloat16 else "float32"
-    with VllmServer(model, source_dir, dtype=dtype, python=python, seed=seed) as server:
-        yield server.engine
+    return "bfloat16" if hybrid or model.dtype == torch.bfloat16 else "float32"

@@ -8,6 +8,6 @@ Launch: `--nproc N` on sft, mtp train and rl re-runs the command as N ranks (lau
 launcher, the engine behind torchrun), or `torchrun --nproc-per-node N -m bebop ...` directly.
 """
 
-from bebop.dist.world import World, env_world, init_world
+from bebop.distributed.world import World, env_world, init_world
 
 __all__ = ["World", "env_world", "init_world"]

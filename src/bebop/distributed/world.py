@@ -3,6 +3,7 @@
     world = init_world("auto")       # from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); 1 rank without
     world.share(range(32))           # this rank's items: items[rank::size] (equal shares: check_divides first)
     world.sum([loss, tokens])        # summed over ranks (a float list)
+    world.gather_rows(mine)          # every rank's share of a batch's rows, the whole batch on every rank
     world.broadcast(obj)             # rank 0's object on every rank
 
 One process (no torchrun environment) is a world of one: every call is the identity, nothing is imported
@@ -60,6 +61,17 @@ class World:
         slots = [0.0] * self.size
         slots[self.rank] = value
         return self.sum(slots)
+
+    def gather_rows(self, mine: torch.Tensor) -> torch.Tensor:
+        """The whole batch from every rank's share: mine (n, ...) = this rank's rows (rows[rank::size], as `share`
+        takes them) -> (n * size, ...) in the batch's order, on every rank."""
+        if not self.distributed:
+            return mine
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(parts, mine.contiguous())
+        return torch.stack(parts, dim=1).flatten(0, 1)  # row i of rank r is the batch's row i * size + r
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank (pickled: small things, a batch of rollouts)."""

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bebop.dist.world import env_world
+from bebop.distributed.world import env_world
 from bebop.errors import BebopError
 
 

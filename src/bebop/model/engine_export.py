@@ -19,13 +19,13 @@ from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.model.config import HYBRID_FAMILIES, read_config
 
-ENGINES = ("vllm", "sglang")
+EXPORT_ENGINES = ("vllm", "sglang")  # serving engines whose MTP loader an export targets
 
 
 def export_head(model_dir: str | Path, *, engine: str, out: str | Path, k: int = 3) -> str:
     src, dst = Path(model_dir), Path(out)
-    if engine not in ENGINES:
-        raise BebopError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine not in EXPORT_ENGINES:
+        raise BebopError(f"--engine must be one of {', '.join(EXPORT_ENGINES)}, got {engine!r}")
     check_engine_head(src, engine)
     if dst.exists():
         raise BebopError(f"--out {dst} already exists")

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from bebop.dist.world import World
+from bebop.distributed.world import World
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
 

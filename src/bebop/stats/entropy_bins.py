@@ -14,7 +14,7 @@ intervals then take the sequences as the independent units. Without it every dra
 A bin row: its entropy range and mean, and per depth the drafts that reached it, how many were
 accepted, the rate and its 95% Wilson interval; with sequences, the Wilson interval of the effective
 count (the drafts divided by the design effect: the variance of the rate over sequences as clusters,
-bebop.study.intervals.cluster_ratio_se, over the binomial one, at least 1). The slope is ordinary least
+bebop.stats.intervals.cluster_ratio_se, over the binomial one, at least 1). The slope is ordinary least
 squares of the acceptance of every depth-`depth` draft on its entropy: per token, so its unit is
 acceptance probability per nat (the paper's slopes are in accept length per nat over RL steps or
 temperatures; compare ratios between heads and rules, not the raw numbers). Its interval resamples
@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from bebop.errors import BebopError
-from bebop.study.intervals import Z95, cluster_ratio_se
+from bebop.stats.intervals import Z95, cluster_ratio_se
 
 RESAMPLES = 400
 CHUNK = 50  # resamples per matrix product (memory: CHUNK x sequences counts)

@@ -1,0 +1,136 @@
+"""How rollouts are decoded, chosen once: a `DecodeSpec` (the engine, speculation, compilation) and the engine it
+opens, for every command that decodes (generate, eval, mtp train's self-distillation, the RL sampler).
+
+    spec = DecodeSpec(engine="bebop", spec="rs", k="auto", compile="auto")   # checked when made
+    with open_engine(policy, spec, model_dir=DIR, rows=64, batch_size=64, max_new_tokens=384) as decoder:
+        gens = decoder(policy.model, prompts, max_new_tokens=384, sampling=..., stop_ids=..., generator=g)
+    decoder.metrics                         # the drafting's acceptance metrics over every call (None: no drafting)
+
+bebop's engine decodes plainly (`spec="off"`) or speculatively with the model's MTP head (TO / RS, a fixed K or
+`--k auto`, whose controller lives as long as the decoder: its acceptance estimate carries across calls); its
+steps compiled as `compile` says for the run's length. vLLM runs in a worker process bebop starts on entering and
+stops on leaving, drafting with the same head when `spec` says so; its own acceptance counters are the metrics.
+`generate_fn` is the one place that picks among them; the RL sampler, which keeps its engine across steps, uses it
+directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bebop.engine import generate
+from bebop.engine.adaptive import AdaptiveK
+from bebop.engine.compiled import check_compile, compile_seconds, compile_steps, expected_decode_steps
+from bebop.engine.metrics import SpecMetrics
+from bebop.engine.names import ROLLOUT_ENGINES
+from bebop.engine.speculative import AUTO, DEFAULT_MAX_K, check_spec_flags, speculative_rollout_fn
+from bebop.engine.step_costs import step_costs
+from bebop.errors import BebopError
+from bebop.policy import Policy
+from bebop.sampling import SamplingParams
+
+SPEC_CHOICES = ("off", "to", "rs")
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """How rollouts are decoded. `k`: drafts per step, or "auto" (0 to `max_k` each step, bebop's engine only);
+    `compile`: on / off / auto (bebop's engine); `vllm_python`: the Python that has vLLM (engine "vllm")."""
+
+    engine: str = "bebop"
+    spec: str = "off"
+    k: int | str = 3
+    max_k: int = DEFAULT_MAX_K
+    compile: str = "auto"
+    vllm_python: str = ""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.engine not in ROLLOUT_ENGINES:
+            raise BebopError(f"unknown --engine {self.engine!r}; choose from {', '.join(ROLLOUT_ENGINES)}")
+        if self.spec not in SPEC_CHOICES:
+            raise BebopError(f"unknown --spec {self.spec!r}; choose from {', '.join(SPEC_CHOICES)}")
+        check_spec_flags(self.spec, self.k, self.max_k)
+        check_compile(self.compile)
+        if self.engine == "bebop" and self.vllm_python:
+            raise BebopError("--vllm-python needs --engine vllm")
+        if self.engine == "vllm" and self.k == AUTO:
+            raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
+
+    @property
+    def drafts(self) -> bool:
+        return self.spec != "off"
+
+    @property
+    def draft_depths(self) -> int:
+        """The deepest draft a step may verify: K, or max_k with k = "auto"."""
+        return self.max_k if self.k == AUTO else int(self.k)
+
+
+def generate_fn(spec: DecodeSpec, sink: list[SpecMetrics], controller: AdaptiveK | None = None):
+    """bebop's generate function for `spec`: plain decoding, or drafting with the head (each call's metrics appended
+    to `sink`; with k = "auto", `controller` carries the acceptance estimate and costs across calls)."""
+    if not spec.drafts:
+        return generate
+    return speculative_rollout_fn(spec.k, spec.spec, sink, max_k=spec.max_k, controller=controller)
+
+
+def auto_controller(policy_model, spec: DecodeSpec, rows: int, sampling: SamplingParams) -> AdaptiveK | None:
+    """With k = "auto": a controller over the model's step costs (profiled through its compiled steps when they are:
+    compile first), else None."""
+    if spec.k != AUTO or not spec.drafts:
+        return None
+    costs = step_costs(policy_model, max_rows=rows, max_k=spec.max_k, mode=spec.spec, sampling=sampling)
+    return AdaptiveK(spec.max_k, costs)
+
+
+@dataclass
+class Decoder:
+    """An open engine: call it as bebop's generate function; `metrics` merges every call's drafting metrics."""
+
+    fn: Callable
+    k: int
+    sink: list[SpecMetrics] = field(default_factory=list)
+    counting: Callable[[list[SpecMetrics]], object] | None = None  # vLLM: its counters over a call, into the sink
+    compile_warmup_s: float = 0.0  # seconds compiling steps before the first call (the --k auto profile)
+
+    def __call__(self, model, prompts, **kwargs):
+        with self.counting(self.sink) if self.counting else nullcontext():
+            return self.fn(model, prompts, **kwargs)
+
+    @property
+    def metrics(self) -> SpecMetrics | None:
+        merged = None
+        for part in self.sink:
+            merged = part if merged is None else merged.merge(part)
+        return merged
+
+
+@contextmanager
+def open_engine(policy: Policy, spec: DecodeSpec, *, model_dir: str | Path, rows: int, batch_size: int,
+                max_new_tokens: int, sampling: SamplingParams = SamplingParams(1.0), dtype: str | None = None,
+                seed: int = 0) -> Iterator[Decoder]:
+    """The engine `spec` names, over `policy`, for a run of `rows` prompts `batch_size` a call (which `compile="auto"`
+    weighs) at `sampling`; a vLLM worker (serving the weights in `dtype`, by default the model's serving dtype, with
+    `model_dir`'s tokenizer files) stops on leaving."""
+    if spec.engine == "vllm":
+        from bebop.vllm.serve import VllmServer, serving_dtype
+
+        with VllmServer(policy.model, model_dir, dtype=dtype or serving_dtype(policy.model), spec=spec.spec,
+                        k=spec.draft_depths,
+                        python=spec.vllm_python or None, seed=seed) as server:
+            engine = server.engine
+            yield Decoder(engine, spec.draft_depths,
+                          counting=(lambda sink: engine.counting(spec.draft_depths, sink)) if spec.drafts else None)
+        return
+    compile_steps(policy.model, spec.compile, expected_decode_steps(rows, batch_size, max_new_tokens))
+    before = compile_seconds(policy.model)
+    controller = auto_controller(policy.model, spec, min(batch_size, rows), sampling)  # compiles its graphs
+    decoder = Decoder(generate, spec.draft_depths, compile_warmup_s=compile_seconds(policy.model) - before)
+    decoder.fn = generate_fn(spec, decoder.sink, controller)
+    yield decoder
