@@ -17,6 +17,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Sequence
+from typing import NoReturn
 
 import torch
 
@@ -26,6 +27,20 @@ from bebop.errors import BebopError
 
 def under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a rank's process once its command returned: the process group destroyed, the output flushed, then
+    os._exit. The interpreter's own teardown of torch's distributed state could abort a rank whose run had
+    finished and saved ("terminate called without an active exception", exit by SIGABRT), which the launcher
+    reports as a failed run; every file a run writes is written and closed before its command returns."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def machine_ranks(device: str) -> tuple[int, str]:
