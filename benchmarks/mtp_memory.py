@@ -41,7 +41,8 @@ from bebop.fileio import atomic_write_text
 from bebop.losses import DraftHiddenInputs, DraftLossInputs, draft_loss, draft_loss_from_hidden
 from bebop.model.checkpoint import build_model
 from bebop.mtp.chain import chain_forward, shifted
-from bebop.mtp.train import ChainBatch, MTPTrainConfig, chain_hidden, chain_step, freeze_trunk, loss_chunk_size
+from bebop.mtp.train_config import MTPTrainConfig
+from bebop.mtp.train_step import ChainBatch, chain_hidden, chain_step, freeze_trunk, loss_chunk_size
 from bebop.policy import Policy, resolve_device
 from bebop.tokenizer import build_char_tokenizer, codec_from_tokenizer
 

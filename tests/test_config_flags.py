@@ -10,7 +10,7 @@ from bebop import __version__
 from bebop.cli import build_parser, main
 from bebop.commands.config_flags import config_values, flag_fields
 from bebop.errors import BebopError
-from bebop.mtp.train import MTPTrainConfig
+from bebop.mtp.train_config import MTPTrainConfig
 from bebop.rl.config import RLConfig
 from bebop.sft import SFTConfig
 

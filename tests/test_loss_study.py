@@ -13,7 +13,8 @@ from bebop.model.checkpoint import save_model
 from bebop.mtp.data import Sequence
 from bebop.mtp.heldout import expected_acceptance, first_turn
 from bebop.mtp.patience import MIN_DELTA, Patience
-from bebop.mtp.train import MTPTrainConfig, train_mtp
+from bebop.mtp.train import train_mtp
+from bebop.mtp.train_config import MTPTrainConfig
 from bebop.policy import load_policy
 from bebop.study.loss_study import StudySpec, aggregate, equal_compute, head_width, run_loss_study
 

@@ -11,7 +11,7 @@ from bebop.model import load_model
 from bebop.mtp.data import Sequence
 from bebop.mtp.diagnostics import draft_diagnostics
 from bebop.mtp.draft_stats import row_diagnostics
-from bebop.mtp.train import chain_distributions, make_batch
+from bebop.mtp.train_step import chain_distributions, make_batch
 from bebop.policy import Policy
 
 from conftest import CHAR_CODEC

@@ -13,7 +13,8 @@ import torch
 from bebop.model import load_model
 from bebop.mtp.chain import shifted
 from bebop.mtp.data import Sequence
-from bebop.mtp.train import MTPTrainConfig, chain_distributions, chain_step, freeze_trunk, make_batch
+from bebop.mtp.train_config import MTPTrainConfig
+from bebop.mtp.train_step import chain_distributions, chain_step, freeze_trunk, make_batch
 from bebop.policy import Policy
 
 from conftest import CHAR_CODEC

@@ -8,7 +8,9 @@ import torch
 from bebop.errors import BebopError
 from bebop.model import load_model
 from bebop.mtp.data import Sequence
-from bebop.mtp.train import MTPTrainConfig, make_batch, train_mtp
+from bebop.mtp.train import train_mtp
+from bebop.mtp.train_config import MTPTrainConfig
+from bebop.mtp.train_step import make_batch
 from bebop.policy import load_policy
 
 
@@ -162,7 +164,7 @@ def test_mtp_eval_cli_prints_one_row_per_point(headed_model, capsys):
 
 
 def test_ce_warmup_switches_loss_once():
-    from bebop.mtp.train import loss_at
+    from bebop.mtp.train_step import loss_at
 
     cfg = _cfg(loss="e2e_tv", steps=10, ce_warmup_steps=4)
     assert [loss_at(s, cfg) for s in range(10)] == ["ce"] * 4 + ["e2e_tv"] * 6

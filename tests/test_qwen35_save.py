@@ -9,7 +9,8 @@ import torch
 
 from bebop.model import load_model, save_model
 from bebop.model.checkpoint import read_state_dict
-from bebop.mtp.train import MTPTrainConfig, train_mtp
+from bebop.mtp.train import train_mtp
+from bebop.mtp.train_config import MTPTrainConfig
 from bebop.tokenizer import build_char_tokenizer, save_tokenizer
 from qwen35_helpers import make_hf_qwen35
 

@@ -166,7 +166,7 @@ def run_study(args: argparse.Namespace) -> None:
 
 
 def _add_train(mtp_sub) -> None:
-    from bebop.mtp.train import MTPTrainConfig
+    from bebop.mtp.train_config import MTPTrainConfig
 
     p = mtp_sub.add_parser("train", help="train the MTP head on the policy's own samples (trunk frozen)")
     p.add_argument("--model", required=True, help="the policy with its MTP head (bebop mtp init adds one)")
@@ -182,13 +182,14 @@ def _add_train(mtp_sub) -> None:
 
 
 def _check_train_ranks(args: argparse.Namespace, nproc: int) -> None:
-    from bebop.mtp.train import MTPTrainConfig
+    from bebop.mtp.train_config import MTPTrainConfig
 
     World(0, nproc).check_divides(MTPTrainConfig(**config_values(MTPTrainConfig, args)).batch_size, "--batch-size")
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from bebop.mtp.train import MTPTrainConfig, train_mtp
+    from bebop.mtp.train import train_mtp
+    from bebop.mtp.train_config import MTPTrainConfig
 
     cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
     summary = train_mtp(args.model, cfg, out=args.out, resume=args.resume, progress=not args.no_progress,

@@ -21,7 +21,7 @@ import torch
 from bebop.errors import BebopError
 from bebop.mtp.data import Sequence
 from bebop.mtp.draft_stats import FIELDS, row_diagnostics
-from bebop.mtp.train import chain_distributions, make_batch
+from bebop.mtp.train_step import chain_distributions, make_batch
 from bebop.policy import Policy
 
 

@@ -21,7 +21,8 @@ import torch
 
 from bebop.model.qwen3 import CausalLM
 from bebop.mtp.data import Sequence as DraftSequence
-from bebop.mtp.train import MTPTrainConfig, chain_step, make_batch
+from bebop.mtp.train_config import MTPTrainConfig
+from bebop.mtp.train_step import chain_step, make_batch
 from bebop.policy import Policy
 from bebop.rl.config import RLConfig
 from bebop.rl.records import Rollout

@@ -30,7 +30,8 @@ from bebop.mtp.data import sample_sequences
 from bebop.mtp.diagnostics import draft_diagnostics
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.train import STATE_FILE as HEAD_STATE_FILE
-from bebop.mtp.train import MTPTrainConfig, train_mtp
+from bebop.mtp.train import train_mtp
+from bebop.mtp.train_config import MTPTrainConfig
 from bebop.policy import load_policy
 from bebop.rl import RLConfig, train_rl
 from bebop.rl.loop import CONFIG_FILE as RL_CONFIG_FILE

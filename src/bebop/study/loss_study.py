@@ -37,7 +37,8 @@ from bebop.mtp.data import Sequence, load_sequences, sample_sequences, save_sequ
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.exact import ESTIMATOR
 from bebop.mtp.heldout import expected_acceptance
-from bebop.mtp.train import METRICS_FILE, STATE_FILE, MTPTrainConfig, saved_config, train_mtp
+from bebop.mtp.train import METRICS_FILE, STATE_FILE, train_mtp
+from bebop.mtp.train_config import MTPTrainConfig, saved_config
 from bebop.policy import load_policy
 from bebop.stats.intervals import mean_interval
 from bebop.study.loss_report import cell_name, write_cells_report
