@@ -8,7 +8,7 @@ A case is a number of rows decoding exactly --tokens new tokens each (no stop: e
 live rows), or `longtail`: 64 task prompts stopping at their stop tokens, up to 384 new tokens (the RL
 config's lengths; meaningful with a trained policy). Each function of a category is wrapped by a timer
 (the outermost timed call owns the time, so nothing counts twice); a step runs from one speculative
-`_Run.step` (plain: one trunk forward) to the next. Per (case, arm) one JSON line: ms per decode step for
+`_SpeculativeRun.step` (plain: one trunk forward) to the next. Per (case, arm) one JSON line: ms per decode step for
 each category, the median over --runs after a warm-up run; the prompts' prefill (in a tree before the
 engine's prefill verb: the first step, which fed the prompts) apart as `prefill_ms`; `forwards_ms` = verify +
 MTP, and `step_over_forwards`, a step over its forwards. "verify_forward" is the trunk forward (plain: the decode forward) with
@@ -45,6 +45,7 @@ plain_module = importlib.import_module("bebop.engine.generate")  # the module (b
 
 spec_step = importlib.import_module("bebop.engine.spec_step") if importlib.util.find_spec("bebop.engine.spec_step") \
     else None  # the step's verbs as tensor functions (absent in a tree before them)
+RUN = getattr(speculative, "_SpeculativeRun", None) or speculative._Run  # per-call state (older name: a tree before)
 SAMPLING = ("warp_probs", "sample", "entropy", "to_host", "_accept", "token_logprob", "_pick",
             "_rejection_sample_from", "_target_only_sample_from")
 
@@ -54,7 +55,7 @@ CATEGORIES = {
     "mtp_forwards": [(MTPHead, "forward"), (qwen3.CausalLM, "mtp_logits"), (qwen3.CausalLM, "embed")],
     "sampling_acceptance": [(mod, name) for mod in (speculative, plain_module, spec_step) if mod for name in SAMPLING],
     "cache_work": [(refresh_log.RefreshLog, "take"), (refresh_log.RefreshLog, "add"), (refresh_log.RefreshLog, "keep"),
-                   (kv_cache.KVCache, "rollback"), (kv_cache.KVCache, "keep"), (speculative._Run, "_leave_finished"),
+                   (kv_cache.KVCache, "rollback"), (kv_cache.KVCache, "keep"), (RUN, "_leave_finished"),
                    (plain_module, "_leave_finished"), (plain_module, "pad_chunk"), (speculative, "pad_chunk")],
 }
 
@@ -76,7 +77,7 @@ STEP_STARTS = {(qwen3.CausalLM, "forward"), (plain_module, "trunk_forward")}  # 
 
 class Timers:
     """Seconds per (step, category); only the outermost timed call is counted. A step starts at each
-    speculative `_Run.step`, or for plain decoding at each trunk forward (its one forward per step)."""
+    speculative `_SpeculativeRun.step`, or for plain decoding at each trunk forward (its one forward per step)."""
 
     def __init__(self, plain: bool) -> None:
         self.seconds: dict[tuple[int, str], float] = defaultdict(float)
@@ -115,17 +116,17 @@ def instrumented(timers: Timers):
         if hasattr(owner, name):
             saved.append((owner, name, getattr(owner, name)))
             setattr(owner, name, timers.wrap("prefill", getattr(owner, name), starts_step=True, always=True))
-    real_step = speculative._Run.step
+    real_step = RUN.step
 
     def step(run):
         timers.starts.append(time.perf_counter())
         real_step(run)
 
-    speculative._Run.step = step
+    RUN.step = step
     try:
         yield
     finally:
-        speculative._Run.step = real_step
+        RUN.step = real_step
         for owner, name, real in reversed(saved):
             setattr(owner, name, real)
 

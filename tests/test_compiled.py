@@ -123,7 +123,7 @@ def test_rl_sampler_compiles_its_engine_and_a_resume_may_change_compile(spec_mod
     model = copy.deepcopy(spec_model)
     cfg = RLConfig(model="m", compile="on")
     sampler = RolloutSampler(get_task("math"), Policy(model, CHAR_CODEC), cfg)
-    assert sampler.engine(model) is model and compiled.is_compiled(model)
+    assert sampler.rollout_model(model) is model and compiled.is_compiled(model)
     assert run_identity({**cfg.__dict__, "compile": "off"}) == run_identity(cfg.__dict__)
     assert run_identity({**cfg.__dict__, "lr": 1.0}) != run_identity(cfg.__dict__)
     with pytest.raises(BebopError, match="--compile"):

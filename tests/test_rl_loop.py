@@ -109,9 +109,9 @@ def test_weight_sync_carries_the_head(headed, tmp_path):
     save_model(policy.model, tmp_path / "fresh")
     fresh = load_model(tmp_path / "fresh")
     for temperature, mode in [(0.0, "to"), (1.0, "to"), (1.0, "rs")]:
-        assert _spec_signature(source.engine, temperature, mode) == _spec_signature(fresh, temperature, mode)
-    # control: an engine whose head was not synced is told apart by the same comparison
-    stale = copy.deepcopy(source.engine)
+        assert _spec_signature(source.rollout_model, temperature, mode) == _spec_signature(fresh, temperature, mode)
+    # control: a rollout model whose head was not synced is told apart by the same comparison
+    stale = copy.deepcopy(source.rollout_model)
     stale.load_state_dict(old_head, strict=False)
     assert _spec_signature(stale, 1.0, "rs") != _spec_signature(fresh, 1.0, "rs")
 

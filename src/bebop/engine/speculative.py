@@ -113,7 +113,7 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     if k == AUTO and controller is None:
         controller = AdaptiveK(max_k, step_costs(model, max_rows=len(prompts), max_k=max_k, mode=mode,
                                                  sampling=sampling))
-    run = _Run(model, prompts, k=max_k if isinstance(k, str) else k, mode=mode, max_new_tokens=max_new_tokens,
+    run = _SpeculativeRun(model, prompts, k=max_k if isinstance(k, str) else k, mode=mode, max_new_tokens=max_new_tokens,
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
                controller=controller if k == AUTO else None, log_drafts=log_drafts)
@@ -137,7 +137,7 @@ def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, 
     return run
 
 
-class _Run:
+class _SpeculativeRun:
     """The state of one speculative generation: the live rows (prompt index of each cache row), their
     trunk / MTP cache lengths (host copies, exact) and the positions waiting for an MTP refresh."""
 

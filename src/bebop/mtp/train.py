@@ -84,7 +84,7 @@ def _start(model_dir: Path, out: Path, cfg: MTPTrainConfig, resume: bool, device
 
 
 @dataclass
-class _Run:
+class _HeadTraining:
     """What the loop needs: the policy, its wrapped forward over the ranks, the head's optimizer and parameters."""
 
     policy: Policy
@@ -101,17 +101,17 @@ class _Run:
         return self.par.world
 
 
-def _learner(policy: Policy, cfg: MTPTrainConfig, world: World, parallel: str, out: Path) -> _Run:
+def _learner(policy: Policy, cfg: MTPTrainConfig, world: World, parallel: str, out: Path) -> _HeadTraining:
     """The trunk frozen, the training forward wrapped (FSDP2 shards the frozen trunk too: it is the memory), and
     AdamW over the head's (wrapped) parameters."""
     freeze_trunk(policy)
     par = Parallel(world, parallel, policy.model, DraftChains(policy.model, cfg.depths, policy.pad_id))
     params = policy.model.head_parameters()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))  # float32 state: float32 params
-    return _Run(policy, par, opt, params, cfg, out)
+    return _HeadTraining(policy, par, opt, params, cfg, out)
 
 
-def _train_step(run: _Run, batch: ChainBatch, step: int) -> tuple[DraftLossOutput, dict]:
+def _train_step(run: _HeadTraining, batch: ChainBatch, step: int) -> tuple[DraftLossOutput, dict]:
     """One optimizer step on this rank's share: the chain loss forward in the training precision, backward (the
     share's mean weighted by its share of every rank's chains), clip, AdamW -> (output, the step's metrics)."""
     cfg, world = run.cfg, run.world
@@ -141,7 +141,7 @@ def _step_metrics(result: DraftLossOutput, world: World) -> dict:
     return {"loss": round(loss, 5), "acceptance_per_depth": [round(a, 4) for a in acc], "num_chains": n}
 
 
-def _save(run: _Run, step: int, rng: random.Random, watch: Patience, stopped: bool = False) -> None:
+def _save(run: _HeadTraining, step: int, rng: random.Random, watch: Patience, stopped: bool = False) -> None:
     """The model, then the train state, by rank 0 from the gathered weights (every rank calls)."""
     full, optimizer = run.par.full_model(), run.par.optimizer_state(run.opt)
     if full is None:
@@ -197,7 +197,7 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
                                                                                 **memory}
 
 
-def _restore(run: _Run, rng: random.Random, state: dict) -> tuple[int, Patience]:
+def _restore(run: _HeadTraining, rng: random.Random, state: dict) -> tuple[int, Patience]:
     run.par.load_optimizer_state(run.opt, state["optimizer"])  # moves the state onto the parameters' device
     rng.setstate(state["data_rng"])
     set_rng_state(state["rng"])
@@ -205,7 +205,7 @@ def _restore(run: _Run, rng: random.Random, state: dict) -> tuple[int, Patience]
     return state["step"], watch
 
 
-def _measure(run: _Run, held: list[Sequence], watch: Patience, step: int, row: dict) -> bool:
+def _measure(run: _HeadTraining, held: list[Sequence], watch: Patience, step: int, row: dict) -> bool:
     """The held-out measure (rank 0, on the whole model; every rank learns it) -> True: patience ran out."""
     full = run.par.full_model()
     value = round(_held_out_measure(replace(run.policy, model=full), held, run.cfg), 6) if full is not None else None
@@ -215,14 +215,14 @@ def _measure(run: _Run, held: list[Sequence], watch: Patience, step: int, row: d
     return watch.update(value, step, full)
 
 
-def _keep_best(run: _Run, watch: Patience) -> None:
+def _keep_best(run: _HeadTraining, watch: Patience) -> None:
     """The best measured head back in the model on every rank (no-op without a held-out measure)."""
     best = run.world.broadcast(watch.best_head)
     if best is not None:
         run.par.load_full_state(best, strict=False)
 
 
-def _train_loop(run: _Run, data: list[Sequence], held: list[Sequence], rng: random.Random, watch: Patience,
+def _train_loop(run: _HeadTraining, data: list[Sequence], held: list[Sequence], rng: random.Random, watch: Patience,
                 log: MetricsLog, start: int, progress: bool) -> int:
     """Steps start+1 .. cfg.steps (or until patience runs out); -> the last step trained. Saves every
     --save-every steps and at the end, the best held-out head in the model when there is a held-out measure."""

@@ -1,11 +1,11 @@
-"""Async rollouts: a worker thread samples with its own engine copy while the trainer trains.
+"""Async rollouts: a worker thread samples with its own copy of the policy while the trainer trains.
 
     source = AsyncSource(sampler, model, start_index=0, policy_version=0, max_staleness=1)
     fetched = source.next_batch(trainer_version)   # blocks until a fresh-enough batch is ready
     source.publish(model, version)                 # snapshot trunk AND head for the worker
     source.close()
 
-The worker owns a deep copy of the policy (the rollout engine model). Before each batch it loads
+The worker owns a deep copy of the policy (the rollout model). Before each batch it loads
 the newest published snapshot with `sync_weights` (the full state dict, `mtp.*` included; strict,
 so a missing head tensor is an error, never a silently stale draft) and stamps every rollout with
 that snapshot's policy version. The queue is bounded: the worker claims a slot before it
@@ -52,8 +52,8 @@ class AsyncSource:
     def __init__(self, sampler: RolloutSampler, model: CausalLM, *, start_index: int, policy_version: int = 0,
                  max_staleness: int = 1) -> None:
         self.sampler, self.max_staleness, self.next_index = sampler, max_staleness, start_index
-        self.engine = copy.deepcopy(model).eval().requires_grad_(False)
-        self.engine_version = self.published = policy_version
+        self.rollout_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.rollout_version = self.published = policy_version
         self.start = (start_index, policy_version)
         self.latest: tuple[int, dict[str, torch.Tensor]] | None = None
         self.lock = threading.Lock()
@@ -76,7 +76,7 @@ class AsyncSource:
                 return
             try:
                 self._load_latest()
-                batch = self.sampler.collect(self.engine, index=index, policy_version=self.engine_version)
+                batch = self.sampler.collect(self.rollout_model, index=index, policy_version=self.rollout_version)
             except BaseException as exc:  # handed to the trainer, raised there
                 self.queue.put(exc)
                 return
@@ -94,8 +94,8 @@ class AsyncSource:
         with self.lock:
             latest, self.latest = self.latest, None
         if latest is not None:
-            self.engine_version, state = latest
-            sync_weights(self.engine, state)
+            self.rollout_version, state = latest
+            sync_weights(self.rollout_model, state)
 
     # trainer side
     def publish(self, model: CausalLM, version: int) -> None:

@@ -26,7 +26,7 @@ from bebop.tasks.dataset_task import DatasetTask
 class Evaluator:
     def __init__(self, task: DatasetTask, cfg: RLConfig, policy: Policy) -> None:
         self.task, self.cfg = task, cfg
-        self.engine = RolloutSampler(task, policy, cfg)
+        self.sampler = RolloutSampler(task, policy, cfg)
         self.problems = task.problems("test", len(task.rows), cfg.seed)
 
     def due(self, step: int) -> bool:
@@ -34,7 +34,7 @@ class Evaluator:
 
     def run(self, policy: Policy) -> tuple[float, float]:
         """-> (mean reward, pass rate) over every row."""
-        cfg, model = self.cfg, self.engine.engine(policy.model)  # the rollouts' model (--rollout-dtype)
+        cfg, model = self.cfg, self.sampler.rollout_model(policy.model)  # the rollouts' model (--rollout-dtype)
         policy = replace(policy, model=model)
         generator = torch.Generator(device=model.device).manual_seed(cfg.seed)
         was_training = model.training
@@ -43,7 +43,7 @@ class Evaluator:
             episodes = run_episodes(policy, self.task, self.problems, sampling=cfg.sampling,
                                     max_new_tokens=cfg.max_new_tokens, generator=generator,
                                     batch_size=cfg.batch_size,
-                                    generate_fn=self.engine.generate_fn(model, len(self.problems), []))
+                                    generate_fn=self.sampler.generate_fn(model, len(self.problems), []))
         finally:
             model.train(was_training)
         summary = summarize(episodes)

@@ -12,12 +12,12 @@ loop's. Ray is imported only when a RaySource is made (ray_connect.py): the loca
 import it.
 
 Glossary:
-    worker      a Ray actor (RolloutWorker) owning an engine (trunk + MTP head) and the sampler
+    worker      a Ray actor (RolloutWorker) owning a rollout model (trunk + MTP head) and the sampler
     data index  batch i of the run's prompt stream (a pure function of (seed, i): sampler.py)
     issued      an index handed to exactly one worker; `pending` maps its result ref to the worker
     ready       finished batches not yet consumed (they may finish out of order)
 
-Engines: every worker builds its engine from a state dict sent through the object store (the
+Models: every worker builds its rollout model from a state dict sent through the object store (the
 driver's current weights, head included), never from a model directory: a directory need not
 exist on other nodes, and a restarted worker must start from the newest weights anyway. Weights:
 `publish` puts the snapshot in the object store once; each worker gets that same ref with its next
@@ -72,22 +72,22 @@ def cpu_state(model: CausalLM) -> dict[str, torch.Tensor]:
     return {name: t.detach().cpu() for name, t in model.state_dict().items()}
 
 
-def build_engine(config, state: dict[str, torch.Tensor], device: torch.device) -> CausalLM:
-    """A rollout engine from a model config and a full state dict (head included when config has one)."""
+def build_rollout_model(config, state: dict[str, torch.Tensor], device: torch.device) -> CausalLM:
+    """A rollout model from a model config and a full state dict (head included when config has one)."""
     # object-store tensors are read-only views: own a copy before the engine's weights alias them
     model = CausalLM.from_state_dict(config, {k: v.to(device, copy=True) for k, v in state.items()})
     return model.eval().requires_grad_(False)
 
 
 class RolloutWorker:
-    """One rollout actor: an engine (trunk + head) and the sampler. Made a Ray actor by RaySource."""
+    """One rollout actor: a rollout model (trunk + head) and the sampler. Made a Ray actor by RaySource."""
 
     def __init__(self, sampler: RolloutSampler, config, state: dict[str, torch.Tensor], version: int) -> None:
         import ray
 
         device = torch.device("cuda" if ray.get_gpu_ids() else "cpu")
         self.sampler, self.version = sampler, version
-        self.engine = build_engine(config, state, device)
+        self.model = build_rollout_model(config, state, device)
 
     def pid(self) -> int:
         return os.getpid()
@@ -98,9 +98,9 @@ class RolloutWorker:
         `suspended`: the drafter alarm is up."""
         self.sampler.drafting_suspended = suspended
         if state is not None:
-            sync_weights(self.engine, state)
+            sync_weights(self.model, state)
             self.version = version
-        return self.sampler.collect(self.engine, index=index, policy_version=self.version)
+        return self.sampler.collect(self.model, index=index, policy_version=self.version)
 
 
 @dataclass

@@ -52,7 +52,7 @@ class RolloutSampler:
         """A sampler travels to Ray workers without its rollout copy (each worker makes its own)."""
         return {**self.__dict__, "rollout_copy": None, "vllm": None}
 
-    def engine(self, model: CausalLM) -> CausalLM:
+    def rollout_model(self, model: CausalLM) -> CausalLM:
         """The model rollouts run on: `model` itself, or its copy in --rollout-dtype with `model`'s weights now;
         its decoding steps compiled when --compile says so (once: the graphs see later weights in place)."""
         engine = self._in_rollout_dtype(model)
@@ -109,7 +109,7 @@ class RolloutSampler:
     def collect(self, model: CausalLM, *, index: int, policy_version: int) -> RolloutBatch:
         cfg = self.cfg
         t0 = time.perf_counter()  # rollout_s includes syncing the rollout copy
-        model = self.engine(model) if self.vllm is None else model
+        model = self.rollout_model(model) if self.vllm is None else model
         policy = Policy(model, self.codec, generation_stop_ids=self.generation_stop_ids)  # stop ids: Policy.stop_ids
         problems = self.problems(index)
         sink: list[SpecMetrics] = []

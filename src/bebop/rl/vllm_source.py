@@ -3,7 +3,7 @@ batch, and each is reloaded with the weights the batch needs (trunk and head: th
 of that version, never a stale one).
 
     VllmSource        sync: `publish` writes and reloads the weights after every update, the batch is sampled now
-    VllmAsyncSource   async: AsyncSource's worker thread loads a published snapshot into its engine copy, reloads
+    VllmAsyncSource   async: AsyncSource's worker thread loads a published snapshot into its policy copy, reloads
                       vLLM with it, then samples (vLLM generates in its own process while the trainer trains)
 """
 
@@ -46,10 +46,10 @@ class VllmAsyncSource(AsyncSource):
                          max_staleness=max_staleness)
 
     def _load_latest(self) -> None:
-        loaded = self.engine_version
+        loaded = self.rollout_version
         super()._load_latest()
-        if self.engine_version != loaded:  # a newer snapshot is in the engine copy: vLLM serves it from now on
-            self.server.sync(self.engine)
+        if self.rollout_version != loaded:  # a newer snapshot is in the policy copy: vLLM serves it from now on
+            self.server.sync(self.rollout_model)
 
     def close(self) -> None:
         try:
