@@ -206,3 +206,20 @@ def test_optimizer_state_keys_round_trip_and_a_foreign_state_is_refused():
     assert _by_name(indexed, names) == named
     with pytest.raises(BebopError, match="does not match this model"):
         _by_name(indexed, [["a.weight"], ["b.weight"]])
+
+
+def test_the_launcher_reports_the_rank_that_stopped_the_run():
+    """When one rank dies the others fail on their broken connections within the same poll, and the launcher
+    SIGTERMs whoever is left: the rank reported is the cause (a refused input, else a signal from outside)."""
+    from types import SimpleNamespace as F
+
+    from bebop.distributed.launch import _cause
+
+    kill, term = -signal.SIGKILL, -signal.SIGTERM
+    cases = [({0: F(exitcode=1, timestamp=1.0), 1: F(exitcode=kill, timestamp=2.0)}, 1),
+             ({0: F(exitcode=term, timestamp=1.0), 1: F(exitcode=kill, timestamp=2.0)}, 1),
+             ({0: F(exitcode=2, timestamp=2.0), 1: F(exitcode=kill, timestamp=1.0)}, 0),
+             ({0: F(exitcode=1, timestamp=2.0), 1: F(exitcode=term, timestamp=1.0)}, 0),
+             ({0: F(exitcode=1, timestamp=2.0), 1: F(exitcode=1, timestamp=1.0)}, 1)]
+    for failures, rank in cases:
+        assert _cause(failures)[0] == rank, failures

@@ -17,7 +17,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 
@@ -76,7 +76,7 @@ def relaunch(nproc: int, argv: Sequence[str]) -> int:
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "bebop", *argv)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+        rank, failure = _cause(exc.failures)
         if failure.exitcode == 2:  # a BebopError: the rank printed its one line
             return 2
         print(f"error: rank {rank} of {nproc} stopped ({_how(failure.exitcode)}); the run stopped with it. Its "
@@ -86,6 +86,19 @@ def relaunch(nproc: int, argv: Sequence[str]) -> int:
         if threads is None:
             del os.environ["OMP_NUM_THREADS"]
     return 0
+
+
+def _cause(failures: dict) -> tuple[int, Any]:
+    """The failure that stopped the run: a rank that refused its input (exit code 2), else one killed by a signal
+    from outside (the others then fail on their broken connections, often within the same poll of the launcher,
+    and the launcher SIGTERMs whoever is left), else one that failed, else the earliest; ties by rank."""
+    def order(item):
+        rank, failure = item
+        code = failure.exitcode
+        kind = 0 if code == 2 else 1 if code < 0 and code != -signal.SIGTERM else 2 if code > 0 else 3
+        return (kind, failure.timestamp, rank)
+
+    return min(failures.items(), key=order)
 
 
 def _how(exitcode: int) -> str:
