@@ -110,6 +110,8 @@ def test_three_rl_steps_on_two_ranks_are_the_one_process_steps(headed, tmp_path,
     one = ok(bebop("rl", "--model", str(headed), "--out", str(tmp_path / "one"), *RL, *mode))
     two = ok(bebop("rl", "--model", str(headed), "--out", str(tmp_path / "two"), *RL, *mode, "--nproc", "2"))
     assert two["mean_acceptance_length_mean_last5"] == one["mean_acceptance_length_mean_last5"]  # rank 0 sampled the same
+    assert two["learner"] == {"world_size": 2, "parallel": mode[1]} and one["learner"]["world_size"] == 1
+    assert len(two["peak_memory_mb"]) == len(two["state_mb"]) == 2 and min(two["state_mb"]) > 0  # per rank, as sft's
     assert_close(weights(tmp_path / "one" / "model"), weights(tmp_path / "two" / "model"))
     rows = [[json.loads(line) for line in open(tmp_path / run / "metrics.jsonl")] for run in ("one", "two")]
     for a, b in zip(*rows, strict=True):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bebop.distributed.parallel import Logits, Parallel, check_parallel
-from bebop.distributed.world import World, init_world
+from bebop.distributed.world import World, init_world, peak_memory_mb
 from bebop.engine.speculative import AUTO
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
@@ -221,12 +221,16 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
     if source is not None and learner.alarm.raised and cfg.k == AUTO:
         source.suspend_drafting(True)
     _run_steps(out, cfg, learner, source, evaluator, progress=progress, loggers=loggers)
-    view = learner.trainer.par.full_model()
+    trainer = learner.trainer
+    memory = {"peak_memory_mb": [round(m, 1) for m in world.gather(peak_memory_mb(device))],  # per rank, the run
+              "state_mb": [round(m, 1) for m in world.gather(trainer.par.state_mb(trainer.optimizer))]}  # per rank
+    view = trainer.par.full_model()
     if view is not None:
         write_model_dir(view, Path(cfg.model), out / FINAL_MODEL)
     rows = read_jsonl(out / METRICS_FILE) if world.is_main else []  # the whole run's steps, resumed or not
     return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),
-            "policy_version": learner.trainer.policy_version, **last_steps_means(rows)}
+            "policy_version": trainer.policy_version, **last_steps_means(rows), "learner": trainer.par.describe(),
+            **memory}
 
 
 @dataclass
