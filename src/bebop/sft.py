@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bebop.chat import parse_template_kwargs
+from bebop.chat import TEMPLATE_KWARGS_HELP, parse_template_kwargs
 from bebop.distributed.parallel import Logits, Parallel, check_parallel
 from bebop.distributed.world import World, init_world, peak_memory_mb
 from bebop.embedded import init_model_dir
@@ -74,8 +74,7 @@ class SFTConfig:
                      "embedded default")
     dtype: str = opt("float32", "training precision: float32, or bfloat16 mixed precision (float32 weights "
                      "and AdamW state)", choices=TRAIN_DTYPES)
-    chat_template_kwargs: str = opt("", "extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' "
-                                    "turns Qwen3's thinking off")
+    chat_template_kwargs: str = opt("", TEMPLATE_KWARGS_HELP)
     steps: int = opt(600, "optimizer steps (default: per task, " + ", ".join(f"{t} {n}" for t, n in DEFAULT_STEPS.items())
                      + "; 600 otherwise)")
     batch_size: int = opt(32, "sequences per step")

