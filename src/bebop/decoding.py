@@ -29,6 +29,7 @@ from bebop.engine.names import ROLLOUT_ENGINES
 from bebop.engine.speculative import AUTO, DEFAULT_MAX_K, check_spec_flags, speculative_rollout_fn
 from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
+from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
 from bebop.sampling import SamplingParams
 
@@ -90,12 +91,12 @@ def generate_fn(spec: DecodeSpec, sink: list[SpecMetrics], controller: AdaptiveK
     return speculative_rollout_fn(spec.k, spec.spec, sink, max_k=spec.max_k, controller=controller)
 
 
-def auto_controller(policy_model, spec: DecodeSpec, rows: int, sampling: SamplingParams) -> AdaptiveK | None:
+def auto_controller(model: CausalLM, spec: DecodeSpec, rows: int, sampling: SamplingParams) -> AdaptiveK | None:
     """With k = "auto": a controller over the model's step costs (profiled through its compiled steps when they are:
     compile first), else None."""
     if spec.k != AUTO or not spec.drafts:
         return None
-    costs = step_costs(policy_model, max_rows=rows, max_k=spec.max_k, mode=spec.spec, sampling=sampling)
+    costs = step_costs(model, max_rows=rows, max_k=spec.max_k, mode=spec.spec, sampling=sampling)
     return AdaptiveK(spec.max_k, costs)
 
 
@@ -104,7 +105,6 @@ class Decoder:
     """An open engine: call it as bebop's generate function; `metrics` merges every call's drafting metrics."""
 
     fn: Callable
-    k: int
     sink: list[SpecMetrics] = field(default_factory=list)
     counting: Callable[[list[SpecMetrics]], object] | None = None  # vLLM: its counters over a call, into the sink
     compile_warmup_s: float = 0.0  # seconds compiling steps before the first call (the --k auto profile)
@@ -135,12 +135,10 @@ def open_engine(policy: Policy, spec: DecodeSpec, *, model_dir: str | Path, rows
                         k=spec.draft_depths,
                         python=spec.vllm_python or None, seed=seed) as server:
             engine = server.engine
-            yield Decoder(engine, spec.draft_depths,
-                          counting=(lambda sink: engine.counting(spec.draft_depths, sink)) if spec.drafts else None)
+            yield Decoder(engine, counting=(lambda sink: engine.counting(spec.draft_depths, sink)) if spec.drafts else None)
         return
     compile_steps(policy.model, spec.compile, expected_decode_steps(rows, batch_size, max_new_tokens))
     before = compile_seconds(policy.model)
     controller = auto_controller(policy.model, spec, min(batch_size, rows), sampling)  # compiles its graphs
-    decoder = Decoder(generate, spec.draft_depths, compile_warmup_s=compile_seconds(policy.model) - before)
-    decoder.fn = generate_fn(spec, decoder.sink, controller)
-    yield decoder
+    sink: list[SpecMetrics] = []
+    yield Decoder(generate_fn(spec, sink, controller), sink, compile_warmup_s=compile_seconds(policy.model) - before)

@@ -74,7 +74,8 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
     metrics = {"elapsed_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else 0.0,
                "compile_warmup_s": decoder.compile_warmup_s + compiling,
                "decode_tokens_per_s": tokens / (elapsed - compiling) if elapsed > compiling else 0.0}
-    return rows, {**metrics, **(decoder.metrics.to_dict() if decoder.metrics else {})}
+    drafting = decoder.metrics  # merged over the batches
+    return rows, {**metrics, **(drafting.to_dict() if drafting else {})}
 
 
 def _generate_batches(policy: Policy, prompts: list[str], args: argparse.Namespace,

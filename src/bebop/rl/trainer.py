@@ -130,9 +130,7 @@ class PolicyTrainer:
         batch = to_train_batch(rollouts, self.policy.pad_id).to(model.device)
         model.train()
         if cfg.ppo_epochs == 1 and cfg.mini_batches == 1:  # one step: "old" is this forward, detached
-            mine = batch.rows(self._mine(torch.arange(batch.ids.shape[0], device=model.device))) \
-                if world.distributed else batch
-            updates = [self._update(mine, None, _tokens(batch))]
+            updates = [self._update(self._share(batch), None, _tokens(batch))]
             entropy_sum = world.sum([updates[0].entropy_sum])[0]
         else:
             old, entropy_sum = self._anchor(batch)  # (B, T-1): the anchor of every step, all rows on every rank
@@ -143,6 +141,12 @@ class PolicyTrainer:
                        for rows in splits]
         self.policy_version += 1
         return _summarise(updates, entropy_sum / max(1, int(batch.mask.sum())), world)
+
+    def _share(self, batch: TrainBatch) -> TrainBatch:
+        """This rank's rows of the whole batch (the batch itself for one process)."""
+        if not self.par.world.distributed:
+            return batch
+        return batch.rows(self._mine(torch.arange(batch.ids.shape[0], device=batch.ids.device)))
 
     def _mine(self, rows: torch.Tensor) -> torch.Tensor:
         """This rank's rows of `rows` (interleaved; all of them for one process)."""
@@ -166,7 +170,7 @@ class PolicyTrainer:
         """The trainer's log-probs before the update (B, T-1), under no_grad, and their summed entropy: each rank
         computes its share of the rows and the ranks gather them (a row's mini-batch may fall to any rank)."""
         world = self.par.world
-        mine = batch.rows(self._mine(torch.arange(batch.ids.shape[0], device=batch.ids.device)))
+        mine = self._share(batch)
         old = torch.zeros(mine.mask.shape, device=batch.ids.device)  # (B / ranks, T-1)
         entropy_sum = 0.0
         with torch.no_grad():
