@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from bebop.fields import from_flat
 from bebop.policy import load_policy
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.config import RLConfig
@@ -71,9 +72,9 @@ def main() -> None:
     try:
         for _ in range(args.runs):
             for name, n in sources:
-                cfg = RLConfig(model=args.model, task=args.task, mode="async", spec=args.spec, k=args.k,
-                               group_size=args.group_size, batch_prompts=args.batch_prompts,
-                               max_new_tokens=args.max_new_tokens, max_staleness=staleness)
+                cfg = from_flat(RLConfig, dict(model=args.model, task=args.task, mode="async", spec=args.spec, k=args.k,
+                                               group_size=args.group_size, batch_prompts=args.batch_prompts,
+                                               max_new_tokens=args.max_new_tokens, max_staleness=staleness))
                 sampler = RolloutSampler(get_task(args.task), policy, cfg)
                 source = (AsyncSource(sampler, policy.model, start_index=0, max_staleness=staleness) if n is None else
                           RaySource(sampler, policy.model, start_index=0, max_staleness=staleness, workers=n))

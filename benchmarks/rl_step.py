@@ -27,6 +27,12 @@ from pathlib import Path
 from bebop.engine.speculative import parse_k
 from bebop.rl import RLConfig, train_rl
 
+try:
+    from bebop.fields import from_flat
+except ImportError:  # a tree before the decoding settings were nested (--before runs)
+    def from_flat(cls, values):
+        return cls(**values)
+
 from common import machine
 
 
@@ -66,13 +72,12 @@ def main() -> None:
     args = parser.parse_args()
     base = None
     for run in map(parse_run, args.runs.split(",")):
-        cfg = RLConfig(model=args.model, task=args.task, steps=args.steps, mode=run["mode"], spec=run["spec"],
-                       k=parse_k(args.k) if run["spec"] != "off" else RLConfig.k, group_size=args.group_size,
-                       batch_prompts=args.batch_prompts, difficulty=args.difficulty,
-                       max_new_tokens=args.max_new_tokens, save_every=args.steps,
-                       rollout_threads=run["rollout_threads"], train_threads=run["train_threads"],
-                       **run["extra"],
-                       **({"micro_batch_size": args.micro_batch_size} if args.micro_batch_size else {}))
+        cfg = from_flat(RLConfig, dict(
+            model=args.model, task=args.task, steps=args.steps, mode=run["mode"], spec=run["spec"],
+            **({"k": parse_k(args.k)} if run["spec"] != "off" else {}), group_size=args.group_size,
+            batch_prompts=args.batch_prompts, difficulty=args.difficulty, max_new_tokens=args.max_new_tokens,
+            save_every=args.steps, rollout_threads=run["rollout_threads"], train_threads=run["train_threads"],
+            **run["extra"], **({"micro_batch_size": args.micro_batch_size} if args.micro_batch_size else {})))
         with tempfile.TemporaryDirectory() as tmp:
             train_rl(Path(tmp) / "run", cfg, progress=False)
             rows = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -7,6 +7,7 @@ import threading
 
 import torch
 
+from bebop.fields import from_flat
 from bebop.model import load_model
 from bebop.model.checkpoint import save_model
 from bebop.rl import RLConfig
@@ -53,7 +54,7 @@ def rl_cfg(model, **kw):
     base = dict(model=str(model), task="math", steps=2, group_size=2, batch_prompts=2, max_new_tokens=16, lr=1e-3,
                 save_every=1)
     base.update(kw)
-    return RLConfig(**base)
+    return from_flat(RLConfig, base)  # the decoding settings (spec=, k=, ...) flat, as flags give them
 
 
 def read_metrics(run):

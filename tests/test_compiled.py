@@ -113,6 +113,8 @@ def test_bad_compile_flag_exits_2(tiny_model_dir):
 
 
 def test_rl_sampler_compiles_its_engine_and_a_resume_may_change_compile(spec_model, tmp_path):
+    from bebop.decoding import DecodeSpec
+    from bebop.fields import flat_dict, from_flat
     from bebop.policy import Policy
     from bebop.rl.config import RLConfig, run_identity
     from bebop.rl.sampler import RolloutSampler
@@ -121,13 +123,14 @@ def test_rl_sampler_compiles_its_engine_and_a_resume_may_change_compile(spec_mod
     from conftest import CHAR_CODEC
 
     model = copy.deepcopy(spec_model)
-    cfg = RLConfig(model="m", compile="on")
+    cfg = RLConfig(model="m", decode=DecodeSpec(compile="on"))
     sampler = RolloutSampler(get_task("math"), Policy(model, CHAR_CODEC), cfg)
     assert sampler.rollout_model(model) is model and compiled.is_compiled(model)
-    assert run_identity({**cfg.__dict__, "compile": "off"}) == run_identity(cfg.__dict__)
-    assert run_identity({**cfg.__dict__, "lr": 1.0}) != run_identity(cfg.__dict__)
+    saved = flat_dict(cfg)
+    assert run_identity({**saved, "compile": "off"}) == run_identity(saved)
+    assert run_identity({**saved, "lr": 1.0}) != run_identity(saved)
     with pytest.raises(BebopError, match="--compile"):
-        RLConfig(model="m", compile="fast")
+        from_flat(RLConfig, {"model": "m", "compile": "fast"})
 
 
 def test_compile_warmup_is_counted_apart_from_decoding(spec_model):

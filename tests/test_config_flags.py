@@ -10,6 +10,7 @@ from bebop import __version__
 from bebop.cli import build_parser, main
 from bebop.commands.config_flags import config_values, flag_fields
 from bebop.errors import BebopError
+from bebop.fields import flat_dict, from_flat, leaf_fields
 from bebop.mtp.train_config import MTPTrainConfig
 from bebop.rl.config import RLConfig
 from bebop.sft import SFTConfig
@@ -22,7 +23,7 @@ def test_every_field_is_a_flag_with_its_default_in_help(command, cls, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args([*command, "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    no_flag = {f.name for f in dataclasses.fields(cls)} - {f.name for f, _ in flag_fields(cls)}
+    no_flag = {f.name for f, _ in leaf_fields(cls)} - {f.name for f, _ in flag_fields(cls)}
     assert no_flag <= {"model_overrides"}  # only the tests' tuple of model sizes has none
     for field, _ in flag_fields(cls):
         assert f"--{field.name.replace('_', '-')} " in text, field.name
@@ -44,7 +45,7 @@ def test_a_config_file_sets_fields_and_flags_override_it(tmp_path):
     values = _rl_values(tmp_path, "--config", str(path), "--lr", "0.25", "--group-size", "8")
     assert values == {"model": "m", "task": "code", "steps": 7, "lr": 0.25, "max_staleness": 0, "k": "auto", "spec": "rs",
                       "group_size": 8}
-    cfg = RLConfig(**values)
+    cfg = from_flat(RLConfig, values)
     assert (cfg.is_cap, cfg.grad_clip) == (RLConfig().is_cap, RLConfig().grad_clip)  # the rest: defaults
     toml = tmp_path / "rl.toml"
     toml.write_text('model = "m"\ntask = "math"\nsteps = 3\nclip_eps = 0.1\n')
@@ -53,8 +54,8 @@ def test_a_config_file_sets_fields_and_flags_override_it(tmp_path):
 
 def test_a_run_dir_config_json_restarts_the_same_run(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(dataclasses.asdict(RLConfig(model="m", task="agent", steps=3, ppo_epochs=2))))
-    assert RLConfig(**_rl_values(tmp_path, "--config", str(path))) == RLConfig(model="m", task="agent", steps=3,
+    path.write_text(json.dumps(flat_dict(RLConfig(model="m", task="agent", steps=3, ppo_epochs=2))))
+    assert from_flat(RLConfig, _rl_values(tmp_path, "--config", str(path))) == RLConfig(model="m", task="agent", steps=3,
                                                                                 ppo_epochs=2)
 
 
@@ -98,7 +99,7 @@ def test_version(capsys):
 
 @pytest.mark.parametrize("make,message", [
     (lambda: RLConfig(group_size=1), "--group-size must be >= 2"),
-    (lambda: RLConfig(k="auto"), "--k auto .* needs --spec to or --spec rs"),
+    (lambda: from_flat(RLConfig, {"k": "auto"}), "--k auto .* needs --spec to or --spec rs"),
     (lambda: SFTConfig(steps=0), "--steps must be >= 1, got 0"),
     (lambda: SFTConfig(task="poetry"), "unknown task"),
     (lambda: MTPTrainConfig(depths=0), "--depths must be >= 1, got 0"),

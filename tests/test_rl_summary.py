@@ -29,4 +29,6 @@ def test_a_resumed_run_summarises_the_steps_before_the_resume(headed, tmp_path, 
     rows = read_metrics(tmp_path / "run")
     assert first["reward_mean_last5"] == last_steps_means(rows)["reward_mean_last5"]
     again = train_rl(tmp_path / "run", cfg, resume=True, progress=False, device="cpu")  # nothing left to run
-    assert again == first
+    memory = ("peak_memory_mb", "state_mb")  # this process's, measured when each call ends its steps
+    assert {k: v for k, v in again.items() if k not in memory} == {k: v for k, v in first.items() if k not in memory}
+    assert again["state_mb"] == first["state_mb"] and again["peak_memory_mb"][0] > 0

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from bebop import __version__
-from bebop.commands.flags import add_chat_args, add_device_args, add_progress_args, add_sampling_args, add_spec_args
+from bebop.commands.flags import add_chat_args, add_device_args, add_progress_args, add_sampling_args
 from bebop.commands.outputs import add_out_dir, check_out_dir, holds_model, refuse_to_replace
 from bebop.commands.parser import Parser
 from bebop.errors import BebopError
@@ -31,7 +31,6 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per engine call")
     p.add_argument("--out", help="write JSONL here instead of stdout")
-    add_spec_args(p)
     p.add_argument("--metrics-out", help="write the metrics here (else stderr): throughput, and with --spec "
                                          "the acceptance metrics")
     add_device_args(p)

@@ -23,40 +23,39 @@ from pathlib import Path
 
 from bebop.engine import generate
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import check_compile, compile_seconds, compile_steps, expected_decode_steps
+from bebop.engine.compiled import COMPILE_CHOICES, check_compile, compile_seconds, compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.names import ROLLOUT_ENGINES
-from bebop.engine.speculative import AUTO, DEFAULT_MAX_K, check_spec_flags, speculative_rollout_fn
+from bebop.engine.speculative import AUTO, DEFAULT_MAX_K, check_spec_flags, parse_k, speculative_rollout_fn
 from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
+from bebop.fields import opt
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
 from bebop.sampling import SamplingParams
 
 SPEC_CHOICES = ("off", "to", "rs")
-# the flags' help, one text for every command that decodes (generate, eval, rl)
-SPEC_HELP = "speculative decoding with the model's MTP head: target-only or rejection sampling"
-K_HELP = ("drafts per step (1..8), or 'auto': each step verifies the number, 0 to --max-k, that maximises expected "
-          "tokens per second")
-MAX_K_HELP = "with --k auto: the most drafts a step may verify (1..8)"
-COMPILE_HELP = ("compile the decoding steps with torch.compile: on, off, or auto (only a run long enough to pay for "
-                "compiling; docs/benchmarks.md)")
-ENGINE_HELP = ("the decoding engine: bebop's own, or vLLM in a worker process bebop owns (docs/vllm.md; on a CPU "
-               "machine bash scripts/install_vllm_cpu.sh makes its venv)")
-VLLM_PYTHON_HELP = "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this one)"
 
 
 @dataclass(frozen=True)
 class DecodeSpec:
-    """How rollouts are decoded. `k`: drafts per step, or "auto" (0 to `max_k` each step, bebop's engine only);
-    `compile`: on / off / auto (bebop's engine); `vllm_python`: the Python that has vLLM (engine "vllm")."""
+    """How rollouts are decoded: the fields are the decoding flags of every command that decodes (generate, eval,
+    rl: bebop.commands.config_flags makes them) and of a saved run's config. `identity=False`: the field changes how
+    fast a run samples, not what it samples (a run may resume with another)."""
 
-    engine: str = "bebop"
-    spec: str = "off"
-    k: int | str = 3
-    max_k: int = DEFAULT_MAX_K
-    compile: str = "auto"
-    vllm_python: str = ""
+    engine: str = opt("bebop", "the decoding engine (rl: sync or async alike): bebop's own, or vLLM in a worker "
+                      "process bebop owns (docs/vllm.md; on a CPU machine bash scripts/install_vllm_cpu.sh makes its venv)",
+                      choices=ROLLOUT_ENGINES, identity=False)
+    spec: str = opt("off", "speculative decoding with the model's MTP head: target-only or rejection sampling",
+                    choices=SPEC_CHOICES)
+    k: int | str = opt(3, "drafts per step (1..8), or 'auto': each step verifies the number, 0 to --max-k, that "
+                       "maximises expected tokens per second", parse=parse_k)
+    max_k: int = opt(DEFAULT_MAX_K, "with --k auto: the most drafts a step may verify (1..8)")
+    compile: str = opt("auto", "compile the decoding steps with torch.compile: on, off, or auto (only a run long "
+                       "enough to pay for compiling; docs/benchmarks.md); it changes how fast decoding runs, not what "
+                       "it samples", choices=COMPILE_CHOICES, identity=False)
+    vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this "
+                           "one)", identity=False)
 
     def __post_init__(self) -> None:
         self.validate()

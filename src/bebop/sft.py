@@ -32,19 +32,18 @@ import torch
 import torch.nn.functional as F
 
 from bebop.chat import TEMPLATE_KWARGS_HELP, parse_template_kwargs
-from bebop.distributed.parallel import Logits, Parallel, check_parallel
-from bebop.distributed.world import World, init_world, peak_memory_mb
+from bebop.distributed.learner import Learner, join_world
+from bebop.distributed.parallel import Logits, Parallel
+from bebop.distributed.world import World
 from bebop.embedded import init_model_dir
 from bebop.encoding import IGNORE, encode_example
 from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.fileio import atomic_write_json
-from bebop.loggers import LoggerNames, check_loggers
-from bebop.metrics_log import NO_LOG, MetricsLog
+from bebop.loggers import LoggerNames
 from bebop.model.checkpoint import release_dtype, save_model
 from bebop.policy import Policy, load_policy
 from bebop.precision import TRAIN_DTYPES, check_train_dtype, train_autocast
-from bebop.progress import bar as progress_bar
 from bebop.tasks import TASK_LIST, Problem, Task, get_task
 from bebop.tasks.dataset_task import COMPLETIONS, DatasetTask, load_dataset_task, run_task
 from bebop.tokenizer import TextCodec, copy_tokenizer_files
@@ -223,7 +222,7 @@ def _tasks(policy: Policy, cfg: SFTConfig) -> Tasks:
     return run_task(policy, task=cfg.task, difficulty=cfg.difficulty, data=cfg.data, need=COMPLETIONS), held_out
 
 
-def _learner(policy: Policy, cfg: SFTConfig, world: World, parallel: str) -> tuple[Parallel, torch.optim.Optimizer]:
+def _learner(policy: Policy, cfg: SFTConfig, world: World, parallel: str) -> Learner:
     """The wrapped training forward (FSDP2 or DDP over the ranks; the model itself for one) and its AdamW, built
     on the wrapped parameters. A head the model carries is frozen: the loss never reaches it."""
     model = policy.model.train()
@@ -231,18 +230,18 @@ def _learner(policy: Policy, cfg: SFTConfig, world: World, parallel: str) -> tup
         p.requires_grad_(False)
     par = Parallel(world, parallel, model, Logits(model))
     opt = torch.optim.AdamW(par.forward.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    return par, opt
+    return Learner(par, opt)
 
 
-def _save(out: Path, par: Parallel, cfg: SFTConfig, step: int, opt: torch.optim.Optimizer,
-          rng: random.Random, history: list[float]) -> None:
+def _save(out: Path, learner: Learner, cfg: SFTConfig, step: int, rng: random.Random, history: list[float]) -> None:
     """The model directory, then train_state.pt, written by rank 0 from the gathered state (every rank calls)."""
-    full, optimizer = par.full_model(), par.optimizer_state(opt)
-    if full is None:
+    state = learner.gathered()
+    if state is None:
         return
+    full, optimizer = state
     save_model(full, out)
     save_train_state(out, {"config": asdict(cfg), "step": step, "optimizer": optimizer, "data_rng": rng.getstate(),
-                           "rng": rng_state(), "history": history, "learner": par.describe(),
+                           "rng": rng_state(), "history": history, "learner": learner.par.describe(),
                            "masters": master_weights(full) if release_dtype(full) != full.dtype else None})
 
 
@@ -252,52 +251,47 @@ def train_sft(out: str | Path, cfg: SFTConfig, *, resume: bool = False, progress
     metrics: OUT/sft_metrics.jsonl (and the trackers in `loggers`: bebop.loggers). Under torchrun each rank
     trains its share of every batch (`parallel`: fsdp or ddp, bebop.distributed); rank 0 writes."""
     out = Path(out)
-    check_loggers(loggers)  # before anything is written
-    check_parallel(parallel)
-    world, device = init_world(device)
-    world.check_divides(cfg.batch_size, "--batch-size")
+    world, device = join_world(device, parallel, loggers, cfg.batch_size)  # before anything is written
     policy, (task, held_out_task), state = _start(out, cfg, resume, device, world)
     held_out = held_out_chunks(held_out_task, policy, cfg) if held_out_task is not None else None
     num_parameters = sum(p.numel() for p in policy.model.parameters())
-    par, opt = _learner(policy, cfg, world, parallel)
+    learner = _learner(policy, cfg, world, parallel)
+    par, optimizer = learner.par, learner.optimizer
     pool = task.problems("train", cfg.pool, cfg.seed)
     rng = random.Random(cfg.seed)
     start, history = 0, []
     if state is not None:
-        par.load_optimizer_state(opt, state["optimizer"])
+        learner.restore(state["optimizer"])
         rng.setstate(state["data_rng"])
         set_rng_state(state["rng"])
         start, history = state["step"], state["history"]
-    config = asdict(cfg) | {"learner": par.describe()}
-    log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="sft",
-                     config=config) if world.is_main else NO_LOG
-    bar = progress_bar(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"sft {task.name}", unit="step",
-                       enabled=progress and world.is_main)
-    t0, train_peak, state_mb = time.perf_counter(), 0.0, 0.0
-    for step in bar:
+    log = learner.metrics_log(out, METRICS_FILE, start=start, loggers=loggers, tag="sft", config=asdict(cfg))
+    bar = learner.progress(start, cfg.steps, desc=f"sft {task.name}", enabled=progress)
+    t0 = time.perf_counter()
+    for step in range(start, cfg.steps):
         chunks = sample_batch(task, pool, rng, policy.codec, cfg.batch_size, policy.pad_id,
                               policy.model.config.max_position_embeddings, cfg.micro_batch_size, world)
-        for group in opt.param_groups:
+        for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        opt.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         loss = backward_step_loss(policy, chunks, cfg.dtype, par)
         par.clip_grad_norm(list(par.forward.parameters()), 1.0)
-        opt.step()
-        train_peak, state_mb = peak_memory_mb(device), par.state_mb(opt)  # before a save gathers on rank 0
+        optimizer.step()
+        learner.stepped()
         history.append(round(loss, 4))
         record = {"step": step + 1, "loss": history[-1], "lr": lr_at(step, cfg)}
         if held_out is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             record["eval_loss"] = round(held_out_loss(policy, held_out, cfg.dtype, par.forward), 4)
         log.write(record)
         bar.set_postfix(loss=f"{history[-1]:.3f}")
+        bar.update()
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            _save(out, par, cfg, step + 1, opt, rng, history)
+            _save(out, learner, cfg, step + 1, rng, history)
+    bar.close()
     log.close()
-    metrics = {"config": asdict(cfg), "learner": par.describe(), "final_loss": sum(history[-20:]) / max(1, len(history[-20:])),
+    metrics = {"config": asdict(cfg), "final_loss": sum(history[-20:]) / max(1, len(history[-20:])),
                "steps": cfg.steps, "train_seconds_this_run": round(time.perf_counter() - t0, 1),
-               "num_parameters": num_parameters,
-               "peak_memory_mb": [round(m, 1) for m in world.gather(train_peak)],  # per rank, training steps
-               "state_mb": [round(m, 1) for m in world.gather(state_mb)]}  # per rank: weights, gradients, AdamW
+               "num_parameters": num_parameters, **learner.summary()}  # the learner, each rank's memory
     if world.is_main:
         atomic_write_json(out / META_FILE, metrics)
     return metrics

@@ -12,7 +12,6 @@ that needs any other object is refused with one line naming what it holds.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import zipfile
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from bebop.errors import BebopError
+from bebop.fields import flat_dict
 from bebop.fileio import atomic_write
 
 STATE_FILE = "train_state.pt"
@@ -48,7 +48,7 @@ def config_diff(saved: dict, current: dict) -> list[str]:
 def with_defaults(config_class, saved: dict) -> dict:
     """A saved config with every field added since it was written at its default (what runs did before
     the field existed), so that an older run resumes."""
-    return {**dataclasses.asdict(config_class()), **saved}
+    return {**flat_dict(config_class()), **saved}
 
 
 def check_same_config(saved: dict, current: dict, run_dir: str | os.PathLike) -> None:

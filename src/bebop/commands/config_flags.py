@@ -3,12 +3,12 @@ field is out of reach.
 
     add_config_flags(parser, RLConfig, required=("model", "task", "steps"))
     values = config_values(RLConfig, args)     # fields set by --config FILE, then by flags
-    cfg = RLConfig(**values)
+    cfg = from_flat(RLConfig, values)          # a group's fields (RLConfig.decode: --spec, --k, ...) nested back
 
 Every int / float / str field (or one with a `parse` function in its metadata) becomes
-`--field-name`, with the help text and choices of its metadata (see bebop.fields.opt) and
-its default shown in --help. `--config FILE` (TOML or JSON, keys = field names with - or _) sets
-fields; a flag given on the command line overrides the file; what neither sets keeps the
+`--field-name` (a nested group's fields too: bebop.fields.group), with the help text and choices of
+its metadata (see bebop.fields.opt) and its default shown in --help. `--config FILE` (TOML or JSON,
+keys = field names with - or _) sets fields; a flag given on the command line overrides the file; what neither sets keeps the
 dataclass default. A field in `required` must come from one of the two. The dataclass checks the
 values when it is constructed (`__post_init__` -> `validate`), so flags, files and the Python API
 meet the same checks.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bebop.errors import BebopError
-from bebop.fields import parse_switch
+from bebop.fields import from_flat, leaf_fields, parse_switch
 
 SIMPLE_TYPES = {int: int, float: float, str: str}
 
@@ -52,22 +52,34 @@ def _as_argument_type(parse):
 
 
 def flag_fields(cls) -> list[tuple[dataclasses.Field, Any]]:
-    """(field, parse function) for every field of `cls` that has a flag."""
-    hints = typing.get_type_hints(cls)
-    pairs = [(f, _parser_of(f, hints[f.name])) for f in dataclasses.fields(cls)]
+    """(field, parse function) for every field of `cls` (a group's fields in its place) that has a flag."""
+    pairs = [(f, _parser_of(f, typing.get_type_hints(owner)[f.name])) for f, owner in leaf_fields(cls)]
     return [(f, parse) for f, parse in pairs if parse is not None]
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls, *, required: tuple[str, ...] = ()) -> None:
-    defaults = cls()
+def add_field_flags(parser: argparse.ArgumentParser, cls, *, required: tuple[str, ...] = (),
+                    only: tuple[str, ...] | None = None, suppress: bool = False) -> None:
+    """A flag for each of `cls`'s fields (those named in `only`), defaulting to the field's default, or left unset
+    (`suppress`: a --config file may set it)."""
     for field, parse in flag_fields(cls):
+        if only is not None and field.name not in only:
+            continue
         help_text = field.metadata.get("help", "")
         if field.name in required:
             help_text += " (required)"
         elif "(default:" not in help_text:  # a help that says its default in words keeps its words
-            help_text += f" (default: {_shown(field, getattr(defaults, field.name))})"
-        parser.add_argument(_flag(field.name), type=parse, default=argparse.SUPPRESS,
+            help_text += f" (default: {_shown(field, field.default)})"
+        parser.add_argument(_flag(field.name), type=parse, default=argparse.SUPPRESS if suppress else field.default,
                             choices=field.metadata.get("choices"), help=help_text.replace("%", "%%").lstrip())
+
+
+def fields_from_args(cls, args: argparse.Namespace):
+    """A `cls` from the flags add_field_flags made (fields without one keep their defaults); checked when made."""
+    return from_flat(cls, {f.name: getattr(args, f.name) for f, _ in flag_fields(cls) if hasattr(args, f.name)})
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls, *, required: tuple[str, ...] = ()) -> None:
+    add_field_flags(parser, cls, required=required, suppress=True)
     parser.add_argument("--config", type=Path, default=None,
                         help="a TOML or JSON file of these settings (keys = flag names); flags override it")
     parser.set_defaults(_config_class=cls, _required=required)
@@ -91,7 +103,7 @@ def read_config_file(path: Path, cls) -> dict[str, Any]:
         raise BebopError(f"--config {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
     if not isinstance(raw, dict):
         raise BebopError(f"--config {path} must hold a table of settings, got {type(raw).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f, _ in leaf_fields(cls)}
     values = {key.replace("-", "_"): value for key, value in raw.items()}
     unknown = sorted(set(values) - names)
     if unknown:

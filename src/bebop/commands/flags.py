@@ -5,19 +5,8 @@ from __future__ import annotations
 import argparse
 
 from bebop.chat import TEMPLATE_KWARGS_HELP
-from bebop.decoding import (
-    COMPILE_HELP,
-    ENGINE_HELP,
-    K_HELP,
-    MAX_K_HELP,
-    SPEC_CHOICES,
-    SPEC_HELP,
-    VLLM_PYTHON_HELP,
-    DecodeSpec,
-)
-from bebop.engine.compiled import COMPILE_CHOICES
-from bebop.engine.names import ROLLOUT_ENGINES
-from bebop.engine.speculative import DEFAULT_MAX_K, parse_k
+from bebop.commands.config_flags import add_field_flags, fields_from_args
+from bebop.decoding import DecodeSpec
 from bebop.errors import BebopError
 from bebop.loggers import LOGGERS
 
@@ -26,12 +15,6 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
-
-
-def add_spec_args(p: argparse.ArgumentParser, spec: str = "off", k: int | str = 3) -> None:
-    p.add_argument("--spec", choices=SPEC_CHOICES, default=spec, help=SPEC_HELP)
-    p.add_argument("--k", default=str(k), help=K_HELP)
-    p.add_argument("--max-k", type=int, default=DEFAULT_MAX_K, help=MAX_K_HELP)
 
 
 def add_chat_args(p: argparse.ArgumentParser) -> None:
@@ -79,20 +62,13 @@ def check_at_least_one(args: argparse.Namespace, *names: str) -> None:
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
-    """The decoding engine's device, dtype and compilation (generate, eval)."""
+    """The decoding engine's device and dtype, and the decoding flags (generate, eval)."""
     p.add_argument("--dtype", "--rollout-dtype", dest="dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the model's dtype for decoding (--rollout-dtype: the same flag under rl's name)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--compile", choices=COMPILE_CHOICES, default="auto", help=COMPILE_HELP)
-    add_engine_args(p)
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", choices=ROLLOUT_ENGINES, default="bebop", help=ENGINE_HELP)
-    p.add_argument("--vllm-python", default="", help=VLLM_PYTHON_HELP)
+    add_field_flags(p, DecodeSpec)  # --engine, --spec, --k, --max-k, --compile, --vllm-python
 
 
 def decode_spec(args: argparse.Namespace) -> DecodeSpec:
-    """The decoding flags (--engine, --spec, --k, --max-k, --compile, --vllm-python) as one checked DecodeSpec."""
-    return DecodeSpec(engine=args.engine, spec=getattr(args, "spec", "off"), k=parse_k(getattr(args, "k", 3)),
-                      max_k=getattr(args, "max_k", DEFAULT_MAX_K), compile=args.compile, vllm_python=args.vllm_python)
+    """The decoding flags as one checked DecodeSpec."""
+    return fields_from_args(DecodeSpec, args)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from bebop.commands.config_flags import add_config_flags, config_values
+from bebop.commands.config_flags import add_config_flags, add_field_flags, config_values
 from bebop.commands.flags import add_learner_args, add_log_args, add_progress_args, check_at_least_one
 from bebop.commands.outputs import add_out_dir, refuse_to_replace
-from bebop.decoding import VLLM_PYTHON_HELP
+from bebop.decoding import DecodeSpec
 from bebop.distributed.world import World, env_world
 from bebop.errors import BebopError
 from bebop.model.checkpoint import save_model
@@ -176,7 +176,7 @@ def _add_train(mtp_sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in OUT (--out, else --model)")
     add_log_args(p, run_dir="OUT (--out, else --model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (not part of the run: resume anywhere)")
-    p.add_argument("--vllm-python", default="", help=VLLM_PYTHON_HELP)
+    add_field_flags(p, DecodeSpec, only=("vllm_python",))
     add_progress_args(p)
     add_learner_args(p, _check_train_ranks)
     p.set_defaults(func=run_train)

@@ -12,6 +12,7 @@ from bebop.commands.config_flags import add_config_flags, config_values, require
 from bebop.commands.flags import add_learner_args, add_log_args, add_progress_args
 from bebop.commands.outputs import add_out_dir
 from bebop.distributed.world import env_world
+from bebop.fields import from_flat
 from bebop.rl.config import BACKENDS, Backend, RLConfig, check_learner_ranks
 
 REQUIRED = ("model", "steps")  # and --task or --data
@@ -38,7 +39,7 @@ def _config(args: argparse.Namespace) -> RLConfig:
     values = config_values(RLConfig, args)
     require_one_of(values, ("task", "data"))
     values.setdefault("mode", "async" if args.backend == "ray" else RLConfig().mode)
-    return RLConfig(**values)
+    return from_flat(RLConfig, values)
 
 
 def check_ranks(args: argparse.Namespace, nproc: int) -> None:

@@ -30,12 +30,13 @@ from pathlib import Path
 
 import torch
 
-from bebop.distributed.parallel import Parallel, check_parallel
-from bebop.distributed.world import World, init_world, peak_memory_mb
+from bebop.distributed.learner import Learner, join_world
+from bebop.distributed.parallel import Parallel
+from bebop.distributed.world import World
 from bebop.errors import BebopError
-from bebop.loggers import LoggerNames, check_loggers
+from bebop.loggers import LoggerNames
 from bebop.losses import DraftLossOutput
-from bebop.metrics_log import NO_LOG, MetricsLog
+from bebop.metrics_log import MetricsLog
 from bebop.model.checkpoint import save_model
 from bebop.model.mtp import MTP_PREFIX
 from bebop.mtp.data import Sequence
@@ -45,7 +46,6 @@ from bebop.mtp.train_data import load_data_ranked, split_held_out
 from bebop.mtp.train_step import ChainBatch, DraftChains, chain_step, freeze_trunk, loss_at, make_batch
 from bebop.policy import Policy, load_policy, resolve_device
 from bebop.precision import train_autocast
-from bebop.progress import bar as progress_bar
 from bebop.tokenizer import copy_tokenizer_files
 from bebop.train_state import (
     check_same_config,
@@ -85,20 +85,22 @@ def _start(model_dir: Path, out: Path, cfg: MTPTrainConfig, resume: bool, device
 
 @dataclass
 class _HeadTraining:
-    """What the loop needs: the policy, its wrapped forward over the ranks, the head's optimizer and parameters."""
+    """What the loop needs: the policy, the learner (its wrapped forward over the ranks, the head's optimizer) and the
+    head's parameters."""
 
     policy: Policy
-    par: Parallel
-    opt: torch.optim.Optimizer
+    learner: Learner
     params: list[torch.nn.Parameter]
     cfg: MTPTrainConfig
     out: Path
-    train_peak: float = 0.0  # this rank's peak memory (MB) over the training steps
-    state_mb: float = 0.0  # what it holds of weights (trunk included), gradients and AdamW state
 
     @property
     def world(self) -> World:
-        return self.par.world
+        return self.learner.world
+
+    @property
+    def par(self) -> Parallel:
+        return self.learner.par
 
 
 def _learner(policy: Policy, cfg: MTPTrainConfig, world: World, parallel: str, out: Path) -> _HeadTraining:
@@ -108,25 +110,24 @@ def _learner(policy: Policy, cfg: MTPTrainConfig, world: World, parallel: str, o
     par = Parallel(world, parallel, policy.model, DraftChains(policy.model, cfg.depths, policy.pad_id))
     params = policy.model.head_parameters()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))  # float32 state: float32 params
-    return _HeadTraining(policy, par, opt, params, cfg, out)
+    return _HeadTraining(policy, Learner(par, opt), params, cfg, out)
 
 
 def _train_step(run: _HeadTraining, batch: ChainBatch, step: int) -> tuple[DraftLossOutput, dict]:
     """One optimizer step on this rank's share: the chain loss forward in the training precision, backward (the
     share's mean weighted by its share of every rank's chains), clip, AdamW -> (output, the step's metrics)."""
-    cfg, world = run.cfg, run.world
-    for g in run.opt.param_groups:
+    cfg, world, optimizer = run.cfg, run.world, run.learner.optimizer
+    for g in optimizer.param_groups:
         g["lr"] = cfg.lr * min(1.0, (step + 1) / 20)
     with train_autocast(run.policy.model.device, cfg.dtype):
         result = chain_step(run.policy, batch, cfg, loss_at(step, cfg), run.par.forward)
-    run.opt.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=True)
     metrics = _step_metrics(result, world)
     share = result.num_chains / max(1, metrics["num_chains"]) if world.distributed else 1.0
     (result.loss * (share * run.par.loss_scale)).backward()
     run.par.clip_grad_norm(run.params, cfg.grad_clip)
-    run.opt.step()
-    run.train_peak = peak_memory_mb(run.policy.model.device)  # before a save gathers the state on rank 0
-    run.state_mb = run.par.state_mb(run.opt)
+    optimizer.step()
+    run.learner.stepped()
     return result, metrics
 
 
@@ -143,9 +144,10 @@ def _step_metrics(result: DraftLossOutput, world: World) -> dict:
 
 def _save(run: _HeadTraining, step: int, rng: random.Random, watch: Patience, stopped: bool = False) -> None:
     """The model, then the train state, by rank 0 from the gathered weights (every rank calls)."""
-    full, optimizer = run.par.full_model(), run.par.optimizer_state(run.opt)
-    if full is None:
+    state = run.learner.gathered()
+    if state is None:
         return
+    full, optimizer = state
     full.eval()
     save_model(full, run.out)  # in the model's declared dtype
     save_train_state(run.out, {"config": asdict(run.cfg), "step": step, "optimizer": optimizer,
@@ -169,10 +171,7 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     The device is not part of the run: a run resumes on another one. With --held-out and --eval-every the head
     with the best held-out expected acceptance is the one saved (and --patience stops when it stops improving).
     Under torchrun each rank trains its share of every batch (`parallel`: fsdp or ddp, bebop.distributed); rank 0 writes."""
-    check_loggers(loggers)  # before anything is written
-    check_parallel(parallel)
-    world, device = init_world(device)
-    world.check_divides(cfg.batch_size, "--batch-size")
+    world, device = join_world(device, parallel, loggers, cfg.batch_size)  # before anything is written
     out = Path(out or model_dir)
     policy, state = _start(Path(model_dir), out, cfg, resume, device)
     if state is not None and state.get("stopped"):  # patience ran out: the run is done
@@ -186,19 +185,15 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     rng, start, watch = random.Random(cfg.seed), 0, Patience(cfg.patience)
     if state is not None:
         start, watch = _restore(run, rng, state)
-    log = MetricsLog(out, METRICS_FILE, resume_step=start, loggers=loggers, tag="mtp",
-                     config=asdict(cfg) | {"learner": run.par.describe()}) if world.is_main else NO_LOG
+    log = run.learner.metrics_log(out, METRICS_FILE, start=start, loggers=loggers, tag="mtp", config=asdict(cfg))
     t0 = time.perf_counter()
     step = _train_loop(run, data, held, rng, watch, log, start, progress)
     log.close()
-    memory = {"peak_memory_mb": [round(m, 1) for m in world.gather(run.train_peak)],
-              "state_mb": [round(m, 1) for m in world.gather(run.state_mb)]}  # per rank
-    return _summary(cfg, out, step, watch, log.last, time.perf_counter() - t0) | {"learner": run.par.describe(),
-                                                                                **memory}
+    return _summary(cfg, out, step, watch, log.last, time.perf_counter() - t0) | run.learner.summary()
 
 
 def _restore(run: _HeadTraining, rng: random.Random, state: dict) -> tuple[int, Patience]:
-    run.par.load_optimizer_state(run.opt, state["optimizer"])  # moves the state onto the parameters' device
+    run.learner.restore(state["optimizer"])  # moves the state onto the parameters' device
     rng.setstate(state["data_rng"])
     set_rng_state(state["rng"])
     watch = Patience.from_state(state["patience"]) if "patience" in state else Patience(0)
@@ -228,8 +223,7 @@ def _train_loop(run: _HeadTraining, data: list[Sequence], held: list[Sequence], 
     --save-every steps and at the end, the best held-out head in the model when there is a held-out measure."""
     cfg, policy = run.cfg, run.policy
     policy.model.train()
-    bar = progress_bar(initial=start, total=cfg.steps, desc=f"mtp {cfg.loss}", unit="step",
-                       enabled=progress and run.world.is_main)
+    bar = run.learner.progress(start, cfg.steps, desc=f"mtp {cfg.loss}", enabled=progress)
     step = start
     for step in range(start + 1, cfg.steps + 1):
         seqs = [data[rng.randrange(len(data))] for _ in range(cfg.batch_size)]

@@ -6,15 +6,12 @@ from dataclasses import dataclass
 
 from bebop.chat import TEMPLATE_KWARGS_HELP, parse_template_kwargs
 from bebop.decoding import DecodeSpec
-from bebop.engine.names import ROLLOUT_ENGINES
 from bebop.errors import BebopError
-from bebop.fields import opt
+from bebop.fields import like, opt
 from bebop.losses import DRAFT_LOSSES
 from bebop.precision import TRAIN_DTYPES, check_train_dtype
 from bebop.tasks import TASK_LIST
-from bebop.train_state import (
-    with_defaults,
-)
+from bebop.train_state import with_defaults
 
 
 @dataclass(frozen=True)
@@ -48,8 +45,7 @@ class MTPTrainConfig:
     patience: int = opt(0, "stop after this many held-out measures without an improvement and keep the best head "
                         "(0: train every --steps; the best measured head is still the one saved)")
     eval_k: int = opt(3, "drafts per step of the held-out measure (RS expected acceptance rate at this K)")
-    engine: str = opt("bebop", "the engine that samples self-distillation: bebop's, or vLLM in a worker process "
-                      "(docs/vllm.md; --vllm-python or BEBOP_VLLM_PYTHON)", choices=ROLLOUT_ENGINES)
+    engine: str = like(DecodeSpec, "engine")  # the engine that samples self-distillation
 
     def __post_init__(self) -> None:
         self.validate()
@@ -69,7 +65,6 @@ class MTPTrainConfig:
         self._check_held_out()
         parse_template_kwargs(self.chat_template_kwargs)
         DecodeSpec(engine=self.engine, compile="off")  # an unknown engine -> BebopError
-
 
     def _check_held_out(self) -> None:
         if min(self.held_out, self.eval_every, self.patience) < 0 or self.eval_k < 1:

@@ -3,25 +3,13 @@ where its rollouts run (Backend: not part of the run's identity, like the device
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from bebop.chat import TEMPLATE_KWARGS_HELP, parse_template_kwargs
-from bebop.decoding import (
-    COMPILE_HELP,
-    ENGINE_HELP,
-    K_HELP,
-    MAX_K_HELP,
-    SPEC_CHOICES,
-    SPEC_HELP,
-    VLLM_PYTHON_HELP,
-    DecodeSpec,
-)
-from bebop.engine.compiled import COMPILE_CHOICES
-from bebop.engine.names import ROLLOUT_ENGINES
-from bebop.engine.speculative import DEFAULT_MAX_K, parse_k
+from bebop.decoding import DecodeSpec
 from bebop.errors import BebopError
-from bebop.fields import opt, parse_switch
+from bebop.fields import group, leaf_fields, opt, parse_switch
 from bebop.precision import DTYPES, TRAIN_DTYPES, check_train_dtype
 from bebop.sampling import SamplingParams
 from bebop.tasks import TASK_LIST, get_task
@@ -44,9 +32,6 @@ class RLConfig:
     steps: int = opt(50, "policy updates (GRPO steps)")
     mode: str = opt("sync", "sync, or async: the next batch is sampled while this one trains "
                     "(default with --backend ray: async)", choices=MODES)
-    spec: str = opt("off", SPEC_HELP, choices=SPEC_CHOICES)
-    k: int | str = opt(3, K_HELP, parse=parse_k)
-    max_k: int = opt(DEFAULT_MAX_K, MAX_K_HELP)
     mtp_update: str = opt("none", "online MTP strategy during RL (none keeps the pre-RL head frozen)",
                           choices=MTP_UPDATES)
     group_size: int = opt(4, "G: samples per prompt (>= 2)")
@@ -86,13 +71,9 @@ class RLConfig:
     rollout_dtype: str = opt("float32", "the sampler's dtype: float32, or bfloat16 (a bfloat16 copy of the float32 "
                              "trainer's weights, synced every batch; the truncated importance weight corrects the "
                              "difference, sampler_kl in metrics.jsonl measures it)", choices=DTYPES)
-    compile: str = opt("auto", COMPILE_HELP + "; it changes how fast rollouts run, not what they are, so a run may "
-                       "resume with another", choices=COMPILE_CHOICES, identity=False)
-    engine: str = opt("bebop", ENGINE_HELP + "; sync or async, the weights, trunk and head, reach it as they update",
-                      choices=ROLLOUT_ENGINES, identity=False)
-    vllm_python: str = opt("", VLLM_PYTHON_HELP, identity=False)
     dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",
                               parse=parse_switch)
+    decode: DecodeSpec = group(DecodeSpec)  # --engine, --spec, --k, --max-k, --compile, --vllm-python
 
     def __post_init__(self) -> None:
         self.validate()  # a config that exists is a valid one (flags, --config files and the API alike)
@@ -100,7 +81,6 @@ class RLConfig:
     def validate(self) -> None:
         if self.mode not in MODES:
             raise BebopError(f"unknown --mode {self.mode!r}; choose from {', '.join(MODES)}")
-        self.decode  # noqa: B018 -- DecodeSpec checks --engine, --spec, --k, --max-k, --compile, --vllm-python
         if self.mtp_update not in MTP_UPDATES:
             raise BebopError(f"unknown --mtp-update {self.mtp_update!r}; choose from {', '.join(MTP_UPDATES)}")
         if self.group_size < 2:
@@ -146,12 +126,6 @@ class RLConfig:
         return Path(self.data).name if self.data else self.task
 
     @property
-    def decode(self) -> DecodeSpec:
-        """How the run's rollouts are decoded (bebop.decoding)."""
-        return DecodeSpec(engine=self.engine, spec=self.spec, k=self.k, max_k=self.max_k, compile=self.compile,
-                          vllm_python=self.vllm_python)
-
-    @property
     def draft_depths(self) -> int:
         """The deepest draft a step may verify (K, or --max-k with --k auto): also the online MTP depths."""
         return self.decode.draft_depths
@@ -163,12 +137,12 @@ class RLConfig:
 
     @property
     def needs_head(self) -> bool:
-        return self.spec != "off" or self.mtp_update != "none"
+        return self.decode.drafts or self.mtp_update != "none"
 
 
 def run_identity(config: dict) -> dict:
     """A config's fields that a resume must match: all but those that change only how fast the run goes."""
-    speed_only = {f.name for f in fields(RLConfig) if not f.metadata.get("identity", True)}
+    speed_only = {f.name for f, _ in leaf_fields(RLConfig) if not f.metadata.get("identity", True)}
     return {k: v for k, v in config.items() if k not in speed_only}
 
 
@@ -191,7 +165,7 @@ class Backend:
             if self.rollout_workers != 1 or self.ray_address is not None:
                 raise BebopError("--rollout-workers and --ray-address need --backend ray")
             return
-        if cfg.engine == "vllm":
+        if cfg.decode.engine == "vllm":
             raise BebopError("--engine vllm samples in one vLLM worker process bebop starts here: use --backend local "
                              "(--mode async overlaps it with training)")
         if cfg.mode != "async":
@@ -220,6 +194,6 @@ def check_learner_ranks(cfg: RLConfig, nproc: int) -> None:
     if cfg.mtp_update != "none":
         raise BebopError(f"--mtp-update {cfg.mtp_update} trains the head in the learner's one process: with --nproc "
                          f"{nproc} use --mtp-update none (the pre-RL head drafts)")
-    if cfg.engine != "bebop":
-        raise BebopError(f"--engine {cfg.engine} with --nproc {nproc} is not supported yet: the learner ranks sample "
+    if cfg.decode.engine != "bebop":
+        raise BebopError(f"--engine {cfg.decode.engine} with --nproc {nproc} is not supported yet: the learner ranks sample "
                          "with bebop's engine (--engine bebop)")

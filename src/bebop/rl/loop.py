@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bebop.distributed.parallel import Logits, Parallel, check_parallel
-from bebop.distributed.world import World, init_world, peak_memory_mb
+from bebop.distributed.learner import join_world
+from bebop.distributed.parallel import Logits, Parallel
+from bebop.distributed.world import World
 from bebop.engine.speculative import AUTO
 from bebop.errors import BebopError
+from bebop.fields import flat_dict
 from bebop.fileio import atomic_write_json
 from bebop.jsonl import read_jsonl
-from bebop.loggers import LoggerNames, check_loggers
-from bebop.metrics_log import NO_LOG, MetricsLog
+from bebop.loggers import LoggerNames
 from bebop.model.checkpoint import load_model, release_dtype, write_model_dir
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy, load_policy
-from bebop.progress import bar as progress_bar
 from bebop.progress import write as progress_write
 from bebop.rl.async_loop import AsyncSource
 from bebop.rl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -84,13 +84,13 @@ def _prepare(out: Path, cfg: RLConfig, resume: bool) -> Checkpoint | None:
     if not saved_cfg.exists():
         raise BebopError(f"nothing to resume: no {CONFIG_FILE} in {out}")
     saved = with_defaults(RLConfig, json.loads(saved_cfg.read_text()))
-    check_same_config(run_identity(saved), run_identity(asdict(cfg)), out)
+    check_same_config(run_identity(saved), run_identity(flat_dict(cfg)), out)
     return load_checkpoint(out)
 
 
 def _require_head(policy: Policy, cfg: RLConfig) -> None:
     if cfg.needs_head and policy.model.mtp is None:
-        raise BebopError(f"--spec {cfg.spec} / --mtp-update {cfg.mtp_update} needs an MTP head, and the model in "
+        raise BebopError(f"--spec {cfg.decode.spec} / --mtp-update {cfg.mtp_update} needs an MTP head, and the model in "
                          f"{cfg.model} has none; add one with `bebop mtp init --model {cfg.model}` and train it with "
                          f"`bebop mtp train --model {cfg.model}` (or use --spec off --mtp-update none)")
 
@@ -112,7 +112,7 @@ def _checkpoint_state(cfg: RLConfig, step: int, data_index: int, trainer: Policy
     """The resumable state beside the checkpoint's model directory (`model`: the whole model, `optimizer`: its
     state in one process's layout, both gathered on rank 0)."""
     rounded = release_dtype(model) != model.dtype  # then the model directory alone would not resume exactly
-    return {"config": asdict(cfg), "step": step, "policy_version": trainer.policy_version, "data_index": data_index,
+    return {"config": flat_dict(cfg), "step": step, "policy_version": trainer.policy_version, "data_index": data_index,
             "drafter_alarm": alarm.state(), "learner": trainer.par.describe(),
             "optimizer": optimizer,
             "mtp_optimizer": online.optimizer.state_dict() if online is not None else None, "rng": rng_state(),
@@ -127,7 +127,7 @@ def _watch_drafter(alarm: DrafterAlarm, spec, source, cfg: RLConfig) -> None:
         progress_write(alarm.message(spec))
     elif change == CLEARED:
         progress_write("bebop: drafter alarm cleared: first-draft acceptance is back above the line")
-    if change is not None and cfg.k == AUTO:
+    if change is not None and cfg.decode.k == AUTO:
         source.suspend_drafting(alarm.raised)
 
 
@@ -159,12 +159,12 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
 
 def _start_vllm(policy: Policy, cfg: RLConfig) -> VllmServer | None:
     """With --engine vllm: a vLLM worker serving the policy's weights now (its head drafting with --spec)."""
-    if cfg.engine != "vllm":
+    if cfg.decode.engine != "vllm":
         return None
     from bebop.vllm.serve import VllmServer
 
-    return VllmServer(policy.model, cfg.model, dtype=cfg.rollout_dtype, spec=cfg.spec, k=cfg.draft_depths,
-                      python=cfg.vllm_python or None, seed=cfg.seed)
+    return VllmServer(policy.model, cfg.model, dtype=cfg.rollout_dtype, spec=cfg.decode.spec, k=cfg.draft_depths,
+                      python=cfg.decode.vllm_python or None, seed=cfg.seed)
 
 
 def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model: CausalLM, *, start_index: int,
@@ -187,12 +187,10 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
     updates with its share of every batch (`parallel`: fsdp or ddp, bebop.distributed); rank 0 samples, broadcasts each
     batch, and writes."""
     backend.validate(cfg)
-    check_parallel(parallel)
-    world, device = init_world(device)
+    world, device = join_world(device, parallel, loggers)
     check_learner_ranks(cfg, world.size)
     if backend.name == "ray" and world.is_main:
         preflight(backend.ray_address)  # before anything is written to the run directory
-    check_loggers(loggers)
     out = Path(out)
     ckpt = _prepare(out, cfg, resume)
     policy = load_policy(ckpt.model_dir if ckpt else cfg.model, device=device, template_kwargs=cfg.chat_template_kwargs)
@@ -207,34 +205,31 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
         world.barrier()  # every rank has checked its inputs: only now is anything written
         if world.is_main:
             out.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(out / CONFIG_FILE, asdict(cfg))
+            atomic_write_json(out / CONFIG_FILE, flat_dict(cfg))
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        learner = _learner(policy, cfg, ckpt, world, parallel)
-        view = learner.trainer.par.full_model()  # rank 0's whole model: what the rollouts sample with
-        source = make_source(backend, cfg, sampler, view, start_index=learner.data_index,
-                             policy_version=learner.trainer.policy_version, server=server) if view else None
+        run = _run_state(policy, cfg, ckpt, world, parallel)
+        view = run.trainer.par.full_model()  # rank 0's whole model: what the rollouts sample with
+        source = make_source(backend, cfg, sampler, view, start_index=run.data_index,
+                             policy_version=run.trainer.policy_version, server=server) if view else None
     except BaseException:
         if server is not None:
             server.close()
         raise
-    if source is not None and learner.alarm.raised and cfg.k == AUTO:
+    if source is not None and run.alarm.raised and cfg.decode.k == AUTO:
         source.suspend_drafting(True)
-    _run_steps(out, cfg, learner, source, evaluator, progress=progress, loggers=loggers)
-    trainer = learner.trainer
-    memory = {"peak_memory_mb": [round(m, 1) for m in world.gather(peak_memory_mb(device))],  # per rank, the run
-              "state_mb": [round(m, 1) for m in world.gather(trainer.par.state_mb(trainer.optimizer))]}  # per rank
+    _run_steps(out, cfg, run, source, evaluator, progress=progress, loggers=loggers)
+    trainer = run.trainer
     view = trainer.par.full_model()
     if view is not None:
         write_model_dir(view, Path(cfg.model), out / FINAL_MODEL)
     rows = read_jsonl(out / METRICS_FILE) if world.is_main else []  # the whole run's steps, resumed or not
     return {"steps": cfg.steps, "run_dir": str(out), "model_dir": str(out / FINAL_MODEL),
-            "policy_version": trainer.policy_version, **last_steps_means(rows), "learner": trainer.par.describe(),
-            **memory}
+            "policy_version": trainer.policy_version, **last_steps_means(rows), **trainer.learner.summary()}
 
 
 @dataclass
-class Learner:
+class RunState:
     """The driver's side of a run: the policy update, the online head update, the drafter alarm, the
     flat-reward watch, and where the run starts (restored from the checkpoint on resume)."""
 
@@ -252,8 +247,8 @@ def restore_masters(model: CausalLM, ckpt: Checkpoint | None) -> None:
         restore_master_weights(model, ckpt.state["masters"])
 
 
-def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None, world: World = World(),
-             parallel: str = "fsdp") -> Learner:
+def _run_state(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None, world: World = World(),
+               parallel: str = "fsdp") -> RunState:
     """The trainer over the ranks (the exact weights of a checkpoint restored before they are sharded), the
     online head update, the drafter alarm, and where the run starts."""
     reference = frozen_reference(load_model(cfg.model, device=policy.model.device)) if cfg.kl_coef > 0 else None
@@ -268,43 +263,43 @@ def _learner(policy: Policy, cfg: RLConfig, ckpt: Checkpoint | None, world: Worl
     online = make_online_mtp(policy, cfg)
     start, data_index = _restore(ckpt, trainer, online)
     saved_alarm = ckpt.state.get("drafter_alarm") if ckpt else None
-    return Learner(trainer, online, DrafterAlarm(**saved_alarm) if saved_alarm else DrafterAlarm(), start, data_index,
+    return RunState(trainer, online, DrafterAlarm(**saved_alarm) if saved_alarm else DrafterAlarm(), start, data_index,
                    FlatRewards(cfg, min(WATCH_STEPS, cfg.steps) if start == 0 else 0))  # a resumed run was told
 
 
-def _run_steps(out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
+def _run_steps(out: Path, cfg: RLConfig, run: RunState, source: RolloutSource | None,
                evaluator: Evaluator | None, *, progress: bool, loggers: LoggerNames) -> None:
-    """Steps learner.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, evaluate, log, save. Rank 0
+    """Steps run.start+1 .. cfg.steps: fetch, update, publish, watch the drafter, evaluate, log, save. Rank 0
     holds the source (other ranks: None) and writes."""
-    world = learner.trainer.par.world
-    writer = MetricsLog(out, METRICS_FILE, resume_step=learner.start, loggers=loggers, tag="rl",
-                        config=asdict(cfg) | {"learner": learner.trainer.par.describe()}) if world.is_main else NO_LOG
-    bar = progress_bar(range(learner.start, cfg.steps), initial=learner.start, total=cfg.steps,
-                       desc=f"rl {cfg.prompts_name} {cfg.mode}", unit="step", enabled=progress and world.is_main)
+    learner = run.trainer.learner
+    writer = learner.metrics_log(out, METRICS_FILE, start=run.start, loggers=loggers, tag="rl", config=flat_dict(cfg))
+    bar = learner.progress(run.start, cfg.steps, desc=f"rl {cfg.prompts_name} {cfg.mode}", enabled=progress)
     threads = torch.get_num_threads()
     if cfg.mode == "async" and cfg.train_threads:
         torch.set_num_threads(cfg.train_threads)
     try:
-        for step in bar:
-            m, view = _step(step + 1, out, cfg, learner, source, evaluator)
+        for step in range(run.start, cfg.steps):
+            m, view = _step(step + 1, out, cfg, run, source, evaluator)
             if m is not None:
                 writer.write(asdict(m))
                 bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                _save(out, step + 1, cfg, learner, source, view)
+                _save(out, step + 1, cfg, run, source, view)
+            bar.update()
     finally:
         if source is not None:
             source.close()
+        bar.close()
         writer.close()
         torch.set_num_threads(threads)
 
 
-def _step(step: int, out: Path, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
+def _step(step: int, out: Path, cfg: RLConfig, run: RunState, source: RolloutSource | None,
           evaluator: Evaluator | None) -> tuple[StepMetrics | None, CausalLM | None]:
     """One step on every rank: rank 0 fetches and broadcasts the batch, every rank updates on its share, the
     weights are gathered once for the sampler (FSDP), and rank 0 publishes them -> rank 0's metrics and whole
     model (else None, None)."""
-    trainer, online, alarm = learner.trainer, learner.online, learner.alarm
+    trainer, online, alarm = run.trainer, run.online, run.alarm
     t0 = time.perf_counter()
     fetched = trainer.par.world.broadcast(source.next_batch(trainer.policy_version) if source is not None else None)
     trained_at = trainer.policy_version
@@ -316,7 +311,7 @@ def _step(step: int, out: Path, cfg: RLConfig, learner: Learner, source: Rollout
         return None, None
     source.publish(view, trainer.policy_version)
     _watch_drafter(alarm, fetched.batch.spec, source, cfg)
-    if warning := learner.flat.observe(fetched.batch):
+    if warning := run.flat.observe(fetched.batch):
         progress_write(warning)
     t2 = time.perf_counter()
     m = step_metrics(step, fetched, stats, trained_at, mtp, t2 - t1, t2 - t0, alarm.raised)
@@ -327,13 +322,13 @@ def _step(step: int, out: Path, cfg: RLConfig, learner: Learner, source: Rollout
     return m, view
 
 
-def _save(out: Path, step: int, cfg: RLConfig, learner: Learner, source: RolloutSource | None,
+def _save(out: Path, step: int, cfg: RLConfig, run: RunState, source: RolloutSource | None,
           view: CausalLM | None) -> None:
     """The checkpoint, written by rank 0 from the step's gathered weights (`view`) and the optimizer state
     gathered now (every rank calls)."""
-    trainer = learner.trainer
-    optimizer = trainer.par.optimizer_state(trainer.optimizer)
+    trainer = run.trainer
+    optimizer = trainer.par.optimizer_state(trainer.optimizer)  # the weights were gathered for the sampler: `view`
     if view is None or source is None or optimizer is None:
         return
     save_checkpoint(out, step, view, cfg.model, _checkpoint_state(cfg, step, source.next_index, trainer,
-                                                                  learner.online, learner.alarm, view, optimizer))
+                                                                  run.online, run.alarm, view, optimizer))

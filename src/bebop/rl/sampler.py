@@ -58,7 +58,7 @@ class RolloutSampler:
         engine = self._in_rollout_dtype(model)
         cfg = self.cfg
         per_step = expected_decode_steps(cfg.batch_prompts * cfg.group_size, cfg.batch_size, cfg.max_new_tokens)
-        compile_steps(engine, cfg.compile, cfg.steps * per_step)
+        compile_steps(engine, cfg.decode.compile, cfg.steps * per_step)
         return engine
 
     def _in_rollout_dtype(self, model: CausalLM) -> CausalLM:
@@ -119,7 +119,7 @@ class RolloutSampler:
         model.eval()
         errors_before = self.reward_errors
         counting = (self.vllm.engine.counting(cfg.draft_depths, sink)  # vLLM's own acceptance counters, into sink
-                    if self.vllm is not None and cfg.spec != "off" else nullcontext())
+                    if self.vllm is not None and cfg.decode.drafts else nullcontext())
         with counting:
             episodes = run_episodes(policy, self.task, problems, sampling=cfg.sampling,
                                     max_new_tokens=cfg.max_new_tokens, generator=generator, batch_size=cfg.batch_size,

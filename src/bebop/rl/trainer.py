@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bebop.distributed.learner import Learner
 from bebop.distributed.parallel import Logits, Parallel
 from bebop.distributed.world import World
 from bebop.model.qwen3 import CausalLM
@@ -117,6 +118,7 @@ class PolicyTrainer:
         self.par = par or Parallel(World(), "fsdp", policy.model, Logits(policy.model))
         self.params = policy.model.trunk_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
+        self.learner = Learner(self.par, self.optimizer)  # what the run logs, saves and reports of the update
         if cfg.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.reference = reference if cfg.kl_coef > 0 else None
@@ -140,6 +142,7 @@ class PolicyTrainer:
             updates = [self._update(batch.rows(self._mine(rows)), old[self._mine(rows)], _tokens(batch.rows(rows)))
                        for rows in splits]
         self.policy_version += 1
+        self.learner.stepped()
         return _summarise(updates, entropy_sum / max(1, int(batch.mask.sum())), world)
 
     def _share(self, batch: TrainBatch) -> TrainBatch:

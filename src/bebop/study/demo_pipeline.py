@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from bebop.decoding import DecodeSpec
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
 from bebop.mtp.data import sample_sequences
@@ -145,8 +146,8 @@ class DemoConfig:
         runs = [(mode, spec, "none") for mode in self.rl_modes for spec in self.rl_specs]
         runs += [("sync", "rs", update) for update in self.rl_online if update != "none"]
         return {(mode, spec, update): RLConfig(
-            model=str(model), task=self.task, steps=self.rl_steps, mode=mode, spec=spec,
-            k=self.rl_k if spec != "off" else RLConfig.k, group_size=self.rl_group_size,
+            model=str(model), task=self.task, steps=self.rl_steps, mode=mode,
+            decode=DecodeSpec(spec=spec, k=self.rl_k if spec != "off" else DecodeSpec.k), group_size=self.rl_group_size,
             batch_prompts=self.rl_batch_prompts, max_new_tokens=self.rl_max_new_tokens, seed=self.seed,
             save_every=self.rl_save_every, mtp_update=update,
             rollout_threads=self.rl_rollout_threads if mode == "async" else 0,
@@ -252,12 +253,12 @@ def stage_sweep(layout: DemoLayout, cfg: DemoConfig, loss: str, progress: bool, 
 
 
 def stage_rl(layout: DemoLayout, rcfg: RLConfig, progress: bool, device: str) -> None:
-    run = layout.rl_dir(rcfg.mode, rcfg.spec, rcfg.mtp_update)
+    run = layout.rl_dir(rcfg.mode, rcfg.decode.spec, rcfg.mtp_update)
     if (run / FINAL_MODEL / "config.json").is_file():
         return
     resume = (run / RL_CONFIG_FILE).is_file()
     online = "" if rcfg.mtp_update == "none" else f", head updated online ({rcfg.mtp_update})"
-    say(f"{'resuming' if resume else 'running'} GRPO {rcfg.mode}, spec {rcfg.spec}{online} in {run} ({rcfg.steps} steps, "
+    say(f"{'resuming' if resume else 'running'} GRPO {rcfg.mode}, spec {rcfg.decode.spec}{online} in {run} ({rcfg.steps} steps, "
         f"{rcfg.batch_prompts} prompts x {rcfg.group_size} samples)")
     train_rl(run, rcfg, resume=resume, progress=progress, device=device)
 
