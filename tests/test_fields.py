@@ -33,8 +33,8 @@ def test_a_config_json_written_before_the_nesting_reads_back():
 
 
 def test_an_unknown_setting_is_named():
-    with pytest.raises(TypeError, match="drafter"):
-        from_flat(RLConfig, {"model": "m", "drafter": "suffix"})
+    with pytest.raises(TypeError, match="draft_source"):
+        from_flat(RLConfig, {"model": "m", "draft_source": "suffix"})
 
 
 @pytest.mark.parametrize("command", [["generate"], ["eval"], ["rl"]])

@@ -26,8 +26,10 @@ from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.compiled import COMPILE_CHOICES, check_compile, compile_seconds, compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.names import ROLLOUT_ENGINES
-from bebop.engine.speculative import AUTO, DEFAULT_MAX_K, check_spec_flags, parse_k, speculative_rollout_fn
+from bebop.engine.speculative import AUTO, DEFAULT_MAX_K, check_drafter, check_spec_flags, parse_k, speculative_rollout_fn
 from bebop.engine.step_costs import step_costs
+from bebop.engine.suffix_drafter import DRAFTERS
+from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
 from bebop.fields import opt
 from bebop.model.qwen3 import CausalLM
@@ -56,6 +58,9 @@ class DecodeSpec:
                        "it samples", choices=COMPILE_CHOICES, identity=False)
     vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this "
                            "one)", identity=False)
+    drafter: str = opt("mtp", "what drafts with --spec: the model's MTP head, or suffix: the rollouts' own text (the "
+                       "group's siblings, earlier responses to the same prompt, the prompt; any model, no head; a "
+                       "fixed --k)", choices=DRAFTERS, identity=False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -71,10 +76,18 @@ class DecodeSpec:
             raise BebopError("--vllm-python needs --engine vllm")
         if self.engine == "vllm" and self.k == AUTO:
             raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
+        check_drafter(self.drafter, self.k if self.drafts else 3)  # an unknown drafter; suffix with --k auto
+        if self.engine == "vllm" and self.drafter != "mtp":
+            raise BebopError(f"--drafter {self.drafter} needs bebop's engine (--engine bebop)")
 
     @property
     def drafts(self) -> bool:
         return self.spec != "off"
+
+    @property
+    def needs_head(self) -> bool:
+        """Decoding drafts with the model's MTP head."""
+        return self.drafts and self.drafter == "mtp"
 
     @property
     def draft_depths(self) -> int:
@@ -82,18 +95,21 @@ class DecodeSpec:
         return self.max_k if self.k == AUTO else int(self.k)
 
 
-def generate_fn(spec: DecodeSpec, sink: list[SpecMetrics], controller: AdaptiveK | None = None):
-    """bebop's generate function for `spec`: plain decoding, or drafting with the head (each call's metrics appended
-    to `sink`; with k = "auto", `controller` carries the acceptance estimate and costs across calls)."""
+def generate_fn(spec: DecodeSpec, sink: list[SpecMetrics], controller: AdaptiveK | None = None,
+                index: SuffixIndex | None = None):
+    """bebop's generate function for `spec`: plain decoding, or drafting (each call's metrics appended to `sink`;
+    with k = "auto", `controller` carries the acceptance estimate and costs across calls; with the suffix drafter,
+    `index` the text of the calls before)."""
     if not spec.drafts:
         return generate
-    return speculative_rollout_fn(spec.k, spec.spec, sink, max_k=spec.max_k, controller=controller)
+    return speculative_rollout_fn(spec.k, spec.spec, sink, max_k=spec.max_k, controller=controller,
+                                  drafter=spec.drafter, index=index)
 
 
 def auto_controller(model: CausalLM, spec: DecodeSpec, rows: int, sampling: SamplingParams) -> AdaptiveK | None:
     """With k = "auto": a controller over the model's step costs (profiled through its compiled steps when they are:
     compile first), else None."""
-    if spec.k != AUTO or not spec.drafts:
+    if spec.k != AUTO or not spec.needs_head:
         return None
     costs = step_costs(model, max_rows=rows, max_k=spec.max_k, mode=spec.spec, sampling=sampling)
     return AdaptiveK(spec.max_k, costs)

@@ -62,7 +62,7 @@ def generate_rows(policy: Policy, prompts: list[str], args: argparse.Namespace) 
     apart) and, with --spec, the acceptance metrics."""
     check_at_least_one(args, "max_new_tokens", "batch_size")
     spec = decode_spec(args)
-    if spec.drafts:
+    if spec.needs_head:
         policy.model.require_mtp()
     with open_engine(policy, spec, model_dir=args.model, rows=len(prompts), batch_size=args.batch_size,
                      max_new_tokens=args.max_new_tokens, sampling=sampling_from_args(args), dtype=args.dtype,

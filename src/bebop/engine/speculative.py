@@ -1,4 +1,5 @@
-"""Batched lossless speculative generation with an MTP draft head (docs/method.md section 3).
+"""Batched lossless speculative generation with an MTP draft head, or with drafts from the rollouts' own text
+(`drafter="suffix"`: engine/suffix_drafter.py, any model, no head) (docs/method.md section 3).
 
     gens, metrics = speculative_generate(model, prompts, k=3, mode="rs", max_new_tokens=128,
                                          sampling=SamplingParams(1.0), stop_ids=[eos], generator=g)
@@ -43,6 +44,8 @@ from bebop.engine.refresh_log import RefreshLog
 from bebop.engine.rows import Observer, RowBook
 from bebop.engine.spec_step import step_draws
 from bebop.engine.step_costs import step_costs
+from bebop.engine.suffix_drafter import DRAFTERS, SuffixDrafter, point_mass_drafts
+from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams
@@ -101,14 +104,17 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
                          stop_ids: Sequence[int] = (), generator: torch.Generator | None = None, pad_id: int = 0,
                          observer: Observer | None = None, interrupt_ids: Sequence[int] = (),
                          max_observation_tokens: int = 64, max_k: int = DEFAULT_MAX_K,
-                         controller: AdaptiveK | None = None, log_drafts: bool = False,
-                         ) -> tuple[list[Generation], SpecMetrics]:
+                         controller: AdaptiveK | None = None, log_drafts: bool = False, drafter: str = "mtp",
+                         index: SuffixIndex | None = None) -> tuple[list[Generation], SpecMetrics]:
     """`controller`: with k="auto", an AdaptiveK to reuse across calls (RL keeps one per run so its
     acceptance estimate follows the policy); by default a fresh one over the model's cached costs.
     `log_drafts`: keep every verified draft's (depth, target entropy, accepted, prompt index) in
-    metrics.draft_log."""
+    metrics.draft_log. `drafter`: "mtp" (the model's head) or "suffix" (the rollouts' own text: `index`, kept by
+    the caller across calls so that earlier responses to the same prompts draft too; by default this call's)."""
     check_spec(mode, k, max_k)
-    model.require_mtp()
+    check_drafter(drafter, k)
+    if drafter == "mtp":
+        model.require_mtp()
     check_prompts(prompts, model.config.max_position_embeddings, model.config.vocab_size)
     if k == AUTO and controller is None:
         controller = AdaptiveK(max_k, step_costs(model, max_rows=len(prompts), max_k=max_k, mode=mode,
@@ -116,21 +122,37 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     run = _SpeculativeRun(model, prompts, k=max_k if isinstance(k, str) else k, mode=mode, max_new_tokens=max_new_tokens,
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
-               controller=controller if k == AUTO else None, log_drafts=log_drafts)
-    while run.live:
-        run.step()
+               controller=controller if k == AUTO else None, log_drafts=log_drafts,
+               index=(SuffixIndex() if index is None else index) if drafter == "suffix" else None)
+    try:
+        while run.live:
+            run.step()
+    finally:
+        if run.suffix is not None:
+            run.suffix.close()  # the call's rows become the index's history
     return run.book.rows, run.metrics
 
 
+def check_drafter(drafter: str, k: int | str) -> None:
+    if drafter not in DRAFTERS:
+        raise BebopError(f"unknown --drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
+    if drafter == "suffix" and k == AUTO:
+        raise BebopError("--drafter suffix drafts a fixed --k (at most K tokens a step, fewer where the match is "
+                         "shorter); --k auto's costs are the head's")
+
+
 def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, max_k: int = DEFAULT_MAX_K,
-                           controller: AdaptiveK | None = None, log_drafts: bool = False):
-    """A generate function for rollout.run_episodes that drafts with the MTP head and appends each
-    call's metrics to `sink` (k="auto": `controller` carries the acceptance estimate and costs
-    across calls)."""
+                           controller: AdaptiveK | None = None, log_drafts: bool = False, drafter: str = "mtp",
+                           index: SuffixIndex | None = None):
+    """A generate function for rollout.run_episodes that drafts with `drafter` and appends each call's metrics to
+    `sink` (k="auto": `controller` carries the acceptance estimate and costs across calls; a suffix drafter's
+    `index` carries the earlier calls' text)."""
+    check_drafter(drafter, k)
+    index = (SuffixIndex() if index is None else index) if drafter == "suffix" else None
 
     def run(model: CausalLM, prompts, **kwargs) -> list[Generation]:
         gens, metrics = speculative_generate(model, prompts, k=k, mode=mode, max_k=max_k, controller=controller,
-                                             log_drafts=log_drafts, **kwargs)
+                                             log_drafts=log_drafts, drafter=drafter, index=index, **kwargs)
         sink.append(metrics)
         return gens
 
@@ -139,11 +161,12 @@ def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, 
 
 class _SpeculativeRun:
     """The state of one speculative generation: the live rows (prompt index of each cache row), their
-    trunk / MTP cache lengths (host copies, exact) and the positions waiting for an MTP refresh."""
+    trunk / MTP cache lengths (host copies, exact) and the positions waiting for an MTP refresh; with a suffix
+    index (`index`), its drafter instead of the head's cache."""
 
     def __init__(self, model: CausalLM, prompts, *, k: int, mode: str, max_new_tokens: int, sampling, stop_ids,
                  generator, pad_id: int, observer, interrupt_ids, max_observation_tokens: int,
-                 controller: AdaptiveK | None, log_drafts: bool = False) -> None:
+                 controller: AdaptiveK | None, log_drafts: bool = False, index: SuffixIndex | None = None) -> None:
         cfg = model.config
         self.model, self.k, self.mode, self.sampling = model, k, mode, sampling
         self.generator, self.pad_id, self.controller = generator, pad_id, controller
@@ -153,9 +176,10 @@ class _SpeculativeRun:
                                   slack=max(k + 1, max_observation_tokens + 1))
         self.live = list(range(len(prompts)))
         self.cache = model.new_cache(len(prompts), capacity)
+        self.suffix = SuffixDrafter(index, self.book) if index is not None else None
         # a catch-up refresh writes up to `capacity` positions past a row's MTP length: room for both
-        self.mtp_cache = model.require_mtp().new_cache(len(prompts), 2 * capacity + k, dtype=model.dtype,
-                                                       device=model.device)
+        self.mtp_cache = None if self.suffix else model.require_mtp().new_cache(
+            len(prompts), 2 * capacity + k, dtype=model.dtype, device=model.device)
         self.log = RefreshLog(len(prompts))
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
         self.metrics = SpecMetrics(k, draft_log=[] if log_drafts else None)
@@ -173,17 +197,22 @@ class _SpeculativeRun:
         t0, compiling = time.perf_counter(), compile_seconds(self.model)
         generating = len(live_rows(self.book, self.live))  # the live batch less the finished riding along
         pending = [self.book.pending[row] for row in self.live]
-        logged = self.log.counts
-        can_draft = [len(p) == 1 and c > 0 for p, c in zip(pending, logged)]  # the last token only, history logged
-        k = self.choose_k(can_draft, generating)
-        drafting = [k > 0 and d for d in can_draft]
-        typical = all(len(p) == 1 for p in pending if p) and (not k or max(logged) <= self.k + 1)
-        draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
-        drafts = draft_probs = None
-        if k:
-            drafts, draft_probs = self._refresh(k, draws[:, :k])
-        elif self.log.positions * len(self.live) * self.model.config.hidden_size > LOG_LIMIT:
-            self._refresh(0, draws[:, :0])
+        if self.suffix is not None:
+            k, drafting, drafts, draft_probs = self._suffix_drafts(pending)
+            typical = all(len(p) == 1 for p in pending if p)
+            draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
+        else:
+            logged = self.log.counts
+            can_draft = [len(p) == 1 and c > 0 for p, c in zip(pending, logged)]  # the last token only, history logged
+            k = self.choose_k(can_draft, generating)
+            drafting = [k > 0 and d for d in can_draft]
+            typical = all(len(p) == 1 for p in pending if p) and (not k or max(logged) <= self.k + 1)
+            draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
+            drafts = draft_probs = None
+            if k:
+                drafts, draft_probs = self._refresh(k, draws[:, :k])
+            elif self.log.positions * len(self.live) * self.model.config.hidden_size > LOG_LIMIT:
+                self._refresh(0, draws[:, :0])
         hidden, host_rows = self._verify(k, pending, drafting, drafts, draft_probs, draws[:, k:])
         host = read_host(host_rows)  # the step's one host sync
         self._emit(k, pending, drafting, host, hidden)
@@ -195,8 +224,19 @@ class _SpeculativeRun:
         self.cache.rollback(torch.tensor(self.trunk_len, device=self.model.device), span=max(self.trunk_len))
         self._leave_finished()
 
+    def _suffix_drafts(self, pending: list[list[int]]):
+        """The index's proposals for rows whose next input is their last token: the step verifies the longest (at
+        most K); a step where none matches is plain -> (k, drafting (R,), drafts (R, k), draft_probs (R, k, V))."""
+        assert self.suffix is not None
+        self.suffix.sync(self.live)
+        proposals = [p if len(fed) == 1 else [] for p, fed in zip(self.suffix.propose(self.live, self.k), pending)]
+        k = max(map(len, proposals), default=0)
+        drafts, draft_probs = point_mass_drafts(proposals, k, self.model.config.vocab_size, self.model.device)
+        return k, [bool(p) for p in proposals], drafts, draft_probs
+
     def _refresh(self, k: int, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Refresh the MTP cache over every pending position, draft k tokens (draws (R, k)), roll the drafts back."""
+        assert self.mtp_cache is not None
         counts = self.log.counts
         ref_hidden, ref_tokens, ref_count = self.log.take(self.pad_id, width=k + 1)  # (R, W, H), (R, W), (R,)
         drafts, draft_probs = _draft(self.model, self.mtp_cache, ref_hidden, ref_tokens, ref_count, k, self.mode,
@@ -240,7 +280,8 @@ class _SpeculativeRun:
             done = self.book.rows[row].done
             counts.append(0 if done else len(valid))
             next_tokens.append([] if done else valid[1:] + [toks[kept - 1]])
-        self.log.add(hidden, counts, next_tokens)
+        if self.suffix is None:
+            self.log.add(hidden, counts, next_tokens)
 
     def _leave_finished(self) -> None:
         keep = rows_to_keep(self.book, self.live)
@@ -253,4 +294,5 @@ class _SpeculativeRun:
         if keep:
             index = torch.tensor(keep, dtype=torch.long, device=self.model.device)
             self.cache.keep(index, span=max(self.trunk_len))
-            self.mtp_cache.keep(index, span=max(self.mtp_len))
+            if self.mtp_cache is not None:
+                self.mtp_cache.keep(index, span=max(self.mtp_len))

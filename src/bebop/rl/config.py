@@ -137,7 +137,7 @@ class RLConfig:
 
     @property
     def needs_head(self) -> bool:
-        return self.decode.drafts or self.mtp_update != "none"
+        return self.decode.needs_head or self.mtp_update != "none"
 
 
 def run_identity(config: dict) -> dict:

@@ -22,6 +22,7 @@ from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics, merged
 from bebop.engine.records import TRUNCATED
+from bebop.engine.suffix_index import SuffixIndex
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
 from bebop.precision import DTYPES
@@ -44,6 +45,7 @@ class RolloutSampler:
         self.task, self.codec, self.cfg = task, policy.codec, cfg
         self.generation_stop_ids = policy.generation_stop_ids
         self.controller: AdaptiveK | None = None
+        self.suffix_index: SuffixIndex | None = None  # with --drafter suffix: the run's rollouts, kept across steps
         self.rollout_copy: CausalLM | None = None  # the model in --rollout-dtype, when it is not the trainer's
         self.drafting_suspended = False  # set while the drafter alarm is up (rl/drafter_alarm.py)
         self.vllm: VllmServer | None = None  # with --engine vllm: the server rollouts run on (rl/vllm_source.py)
@@ -89,7 +91,9 @@ class RolloutSampler:
         """The engine the run's rollouts use: vLLM's, or bebop's plain or drafting with the head (metrics to `sink`)."""
         if self.vllm is not None:
             return self.vllm.engine
-        return generate_fn(self.cfg.decode, sink, self._controller(model, rows))
+        if self.suffix_index is None and self.cfg.decode.drafter == "suffix":
+            self.suffix_index = SuffixIndex()  # earlier steps' responses draft for later ones (every epoch)
+        return generate_fn(self.cfg.decode, sink, self._controller(model, rows), self.suffix_index)
 
     def batch_seed(self, index: int) -> int:
         return self.cfg.seed * STREAM_STRIDE + index

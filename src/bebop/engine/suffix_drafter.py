@@ -1,0 +1,56 @@
+"""Drafts from the rollouts' own text (engine/suffix_index.py) for the speculative engine: a row's draft is the
+continuation its index proposes, as point masses q_d = 1 on y_d. Rejection sampling then accepts y_d with
+probability min(1, p(y_d) / 1) = p(y_d) and on a rejection resamples from norm(max(p - q, 0)), which is p without
+y_d: every emitted token is distributed exactly as the policy's own (docs/method.md), whatever the index proposes,
+a token the warped target gives no mass included (it is rejected with probability 1). Target-only acceptance takes
+the target's own sample and compares it with y_d: lossless for any draft. No model runs to draft.
+
+    drafter = SuffixDrafter(index, book)          # the call's rows opened in the index
+    drafter.sync(live)                            # their tokens emitted since, into the index
+    proposals = drafter.propose(live, k)          # per row: up to k tokens ([] where nothing matches)
+    drafts, draft_probs = point_mass_drafts(proposals, k, vocab, device)    # (R, k), (R, k, V)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from bebop.engine.rows import RowBook
+from bebop.engine.suffix_index import SuffixIndex
+
+DRAFTERS = ("mtp", "suffix")  # the model's MTP head, or the rollouts' own text
+
+
+class SuffixDrafter:
+    """The rows of one generate call in a suffix index (which outlives the call: its rows become history)."""
+
+    def __init__(self, index: SuffixIndex, book: RowBook) -> None:
+        self.index, self.book = index, book
+        self.docs = [index.open(row.prompt_ids) for row in book.rows]
+        self.seen = [0] * len(book.rows)  # each row's output tokens already in the index
+
+    def sync(self, rows: Sequence[int]) -> None:
+        """Every token the rows emitted (or were fed as an observation) since the last sync, into the index."""
+        for row in rows:
+            tokens = self.book.rows[row].token_ids
+            if len(tokens) > self.seen[row]:
+                self.index.extend(self.docs[row], tokens[self.seen[row]:])
+                self.seen[row] = len(tokens)
+
+    def propose(self, rows: Sequence[int], k: int) -> list[list[int]]:
+        """Per row, up to k tokens to follow its text ([] where nothing matches)."""
+        return [self.index.propose(self.docs[row], k)[0] for row in rows]
+
+    def close(self) -> None:
+        self.index.close_call()
+
+
+def point_mass_drafts(proposals: Sequence[Sequence[int]], k: int, vocab: int,
+                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> drafts (R, k), each proposal padded to k with its last token (a row without one: token 0; it does not
+    draft), and draft_probs (R, k, V): one-hot on each draft."""
+    rows = [list(p[:k]) + [p[-1] if p else 0] * (k - len(p[:k])) for p in proposals]
+    drafts = torch.tensor(rows, dtype=torch.long, device=device).reshape(len(rows), k)  # (R, k)
+    return drafts, torch.nn.functional.one_hot(drafts, vocab).to(torch.float32)  # (R, k, V)

@@ -1,0 +1,142 @@
+"""Drafts from the rollouts' own text (engine/suffix_index.py, engine/suffix_drafter.py): the index proposes what
+siblings, earlier calls and the prompt continued with; the engine verifies them as point masses, losslessly, on a
+model with no head at all."""
+
+import copy
+
+import pytest
+import torch
+
+from bebop.engine import generate
+from bebop.engine import speculative as spec
+from bebop.engine.compiled import compile_steps
+from bebop.engine.suffix_index import SuffixIndex
+from bebop.errors import BebopError
+from bebop.model import load_model
+from bebop.sampling import SamplingParams, warp_probs
+
+from conftest import CHAR_CODEC
+from spec_helpers import EOS, PROMPTS, ids_of
+from stats_helpers import assert_follows
+
+
+def test_the_index_proposes_a_siblings_continuation_then_history():
+    index = SuffixIndex()
+    prompt = [5, 6, 7]
+    a, b = index.open(prompt), index.open(prompt)
+    assert index.propose(b, 3) == ([], 0, 0)  # nothing has followed the prompt yet
+    index.extend(a, [1, 2, 3, 4, 1, 2, 9])
+    assert index.propose(b, 3)[0] == [1, 2, 3]  # the sibling's start
+    index.extend(b, [1, 2])
+    assert index.propose(b, 3) == ([3, 4, 1], 5, 1)  # the longest match: "5 6 7 1 2", the prompt and a's start
+    index.extend(b, [7])
+    assert index.propose(b, 3) == ([1, 2, 7], 1, 2)  # only "7" matches; its latest occurrence is b's own
+    index.close_call()
+    c = index.open(prompt)  # a later call: the earlier rows are history
+    assert index.propose(c, 2)[0] == [1, 2]
+    assert index.propose(index.open([8, 8]), 2) == ([8], 1, 1)  # a new prompt's own text: "8" followed "8"
+
+
+def test_the_index_keeps_at_most_max_docs_per_prompt_and_rebuilds_its_table():
+    index = SuffixIndex(max_docs=3)
+    for call in range(5):
+        rows = [index.open([1, 2]) for _ in range(4)]
+        for r, row in enumerate(rows):
+            index.extend(row, [100 + call * 10 + r, 3, 4])
+        index.close_call()
+    assert len(index) == 3  # the prompt and the two newest responses
+    group = next(iter(index._groups.values()))
+    assert len(group.table) <= 2 * index.max_match * sum(len(t) for t in group.docs.values())
+    fresh = index.open([1, 2])
+    assert index.propose(fresh, 1)[0] == [143]  # the newest response's first token, not a dropped one
+
+
+@pytest.fixture(scope="module")
+def headless(hf_model_dir):
+    """The transformers-saved tiny model, which has no MTP head."""
+    _, path = hf_model_dir
+    model = load_model(path)
+    assert model.mtp is None
+    return model
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16", "compiled"])
+def path_model(request, headless):
+    if request.param == "float32":
+        return headless
+    model = copy.deepcopy(headless)
+    if request.param == "bfloat16":
+        return model.to(torch.bfloat16)
+    assert compile_steps(model, "on")
+    return model
+
+
+@pytest.mark.parametrize("mode", ["rs", "to"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_equals_plain_and_history_drafts_it(path_model, mode, k):
+    """T=0: every row equals plain greedy; groups of equal prompts draft from each other, and a second call over the
+    same index drafts from the first call's responses (at T=0 the same text: nearly every draft accepted)."""
+    prompts = ids_of(PROMPTS) * 3
+    ref = generate(path_model, prompts, max_new_tokens=30, sampling=SamplingParams(0.0), stop_ids=[EOS])
+    index = SuffixIndex()
+    for call in range(2):
+        gens, metrics = spec.speculative_generate(path_model, prompts, k=k, mode=mode, max_new_tokens=30,
+                                                  sampling=SamplingParams(0.0), stop_ids=[EOS], drafter="suffix",
+                                                  index=index)
+        for a, b in zip(gens, ref):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert metrics.num_drafts > 0
+    assert metrics.mean_acceptance_length > 1 + 0.9 * k  # the second call: history drafts the same text
+
+
+def test_sampled_output_is_lossless_with_point_mass_drafts(path_model):
+    """RS with suffix drafts through the engine: the first two emitted tokens follow the warped target exactly
+    (chi-square at alpha = 1e-6). The history comes from sampling without top-k, so many drafts are tokens the
+    top-k target gives zero probability: they must never be emitted."""
+    prompt = CHAR_CODEC.encode("hello")
+    n = 4000
+    index = SuffixIndex(max_docs=n + 1)
+    spec.speculative_generate(path_model, [prompt] * 200, k=2, mode="rs", max_new_tokens=4, drafter="suffix",
+                              sampling=SamplingParams(1.5), generator=torch.Generator().manual_seed(1), index=index)
+    params = SamplingParams(1.5, top_k=8)
+    gens, metrics = spec.speculative_generate(path_model, [prompt] * n, k=2, mode="rs", max_new_tokens=3,
+                                              sampling=params, generator=torch.Generator().manual_seed(0),
+                                              drafter="suffix", index=index)
+    assert metrics.num_drafts > n / 2 and 200 < metrics.num_accepted_tokens < 0.9 * metrics.num_draft_tokens  # both
+    first = torch.tensor([g.token_ids[0] for g in gens])
+    with torch.no_grad():
+        p1 = warp_probs(path_model.logits(path_model(torch.tensor([prompt])))[0, -1], params)  # (V,)
+    assert_follows(first, p1)
+    top = int(torch.bincount(first).argmax())
+    second = torch.tensor([g.token_ids[1] for g in gens if g.token_ids[0] == top])
+    with torch.no_grad():
+        p2 = warp_probs(path_model.logits(path_model(torch.tensor([prompt + [top]])))[0, -1], params)
+    assert_follows(second, p2)
+
+
+def test_suffix_drafting_refuses_k_auto_and_unknown_drafters(headless):
+    with pytest.raises(BebopError, match="--drafter suffix drafts a fixed --k"):
+        spec.speculative_generate(headless, [[1, 2]], k="auto", mode="rs", max_new_tokens=2, drafter="suffix")
+    with pytest.raises(BebopError, match="unknown --drafter 'ngram'"):
+        spec.speculative_generate(headless, [[1, 2]], k=2, mode="rs", max_new_tokens=2, drafter="ngram")
+
+
+def test_generate_and_rl_draft_from_their_own_text_on_a_model_without_a_head(hf_model_dir, tmp_path):
+    """`--spec rs --drafter suffix` on a model with no head: generate's output is plain greedy's at T=0, and an RL
+    run's rollouts draft (the group's siblings, then the earlier steps' responses)."""
+    from bebop.cli import main
+    from bebop.rl.loop import train_rl
+
+    from rl_helpers import read_metrics, rl_cfg
+
+    _, path = hf_model_dir
+    outs = []
+    for flags in ([], ["--spec", "rs", "--drafter", "suffix", "--k", "3"]):
+        out = tmp_path / f"out{len(outs)}.jsonl"
+        assert main(["generate", "--model", str(path), "--max-new-tokens", "20", "--temperature", "0", "--out",
+                     str(out), "--prompt", "hello", "--prompt", "hello", "--no-progress", *flags]) == 0
+        outs.append(out.read_text())
+    assert outs[0] == outs[1]
+    train_rl(tmp_path / "run", rl_cfg(path, steps=2, spec="rs", drafter="suffix", k=3), progress=False, device="cpu")
+    rows = read_metrics(tmp_path / "run")
+    assert all(r["acceptance_rate"] is not None for r in rows) and rows[-1]["mean_acceptance_length"] > 1
