@@ -140,3 +140,60 @@ def test_generate_and_rl_draft_from_their_own_text_on_a_model_without_a_head(hf_
     train_rl(tmp_path / "run", rl_cfg(path, steps=2, spec="rs", drafter="suffix", k=3), progress=False, device="cpu")
     rows = read_metrics(tmp_path / "run")
     assert all(r["acceptance_rate"] is not None for r in rows) and rows[-1]["mean_acceptance_length"] > 1
+
+
+@pytest.fixture(scope="module", params=["float32", "compiled"])
+def headed_model(request, spec_model):
+    """spec_model (a random head) eager and with compiled steps."""
+    if request.param == "float32":
+        return spec_model
+    model = copy.deepcopy(spec_model)
+    assert compile_steps(model, "on")
+    return model
+
+
+@pytest.mark.parametrize("k", [2, "auto"])
+def test_both_drafters_keep_greedy_output(headed_model, k):
+    """--drafter both, T=0: equal to plain greedy; with a fixed k the second call's long history matches replace most
+    of the random head's drafts, so far more are accepted than with the head alone."""
+    prompts = ids_of(PROMPTS) * 2
+    ref = generate(headed_model, prompts, max_new_tokens=30, sampling=SamplingParams(0.0), stop_ids=[EOS])
+    lengths = {}
+    for drafter in ("mtp", "both"):
+        index = SuffixIndex()
+        for _ in range(2):
+            gens, metrics = spec.speculative_generate(headed_model, prompts, k=k, max_k=3, mode="rs", max_new_tokens=30,
+                                                      sampling=SamplingParams(0.0), stop_ids=[EOS], drafter=drafter,
+                                                      index=index)
+            assert [g.token_ids for g in gens] == [g.token_ids for g in ref]
+        lengths[drafter] = metrics.mean_acceptance_length
+    if k != "auto":  # (--k auto soon stops drafting with a random head, and verifies what it chooses)
+        assert lengths["both"] > lengths["mtp"] + 0.5, lengths
+
+
+def test_sampled_output_is_lossless_with_both_drafters(headed_model):
+    """RS over a mixture: rows whose text matches the history draft point masses, the others the head's samples;
+    the first two tokens follow the warped target (chi-square at alpha = 1e-6)."""
+    prompt = CHAR_CODEC.encode("hello")
+    n = 4000
+    index = SuffixIndex(max_docs=n + 1)
+    spec.speculative_generate(headed_model, [prompt] * 200, k=2, mode="rs", max_new_tokens=4, drafter="suffix",
+                              sampling=SamplingParams(1.5), generator=torch.Generator().manual_seed(1), index=index)
+    params = SamplingParams(1.5, top_k=8)
+    gens, metrics = spec.speculative_generate(headed_model, [prompt] * n, k=2, mode="rs", max_new_tokens=4,
+                                              sampling=params, generator=torch.Generator().manual_seed(0),
+                                              drafter="both", index=index)
+    assert metrics.num_drafts > n / 2 and 200 < metrics.num_accepted_tokens < 0.9 * metrics.num_draft_tokens
+    first = torch.tensor([g.token_ids[1] for g in gens])  # the first drafted step's first token
+    top0 = int(torch.bincount(torch.tensor([g.token_ids[0] for g in gens])).argmax())
+    rows = [g for g in gens if g.token_ids[0] == top0]
+    second = torch.tensor([g.token_ids[1] for g in rows])
+    with torch.no_grad():
+        p = warp_probs(headed_model.logits(headed_model(torch.tensor([prompt + [top0]])))[0, -1], params)  # (V,)
+    assert_follows(second, p)
+    top1 = int(torch.bincount(second).argmax())
+    third = torch.tensor([g.token_ids[2] for g in rows if g.token_ids[1] == top1])
+    with torch.no_grad():
+        p = warp_probs(headed_model.logits(headed_model(torch.tensor([prompt + [top0, top1]])))[0, -1], params)
+    assert_follows(third, p)
+    assert first.numel() == n

@@ -58,9 +58,10 @@ class DecodeSpec:
                        "it samples", choices=COMPILE_CHOICES, identity=False)
     vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this "
                            "one)", identity=False)
-    drafter: str = opt("mtp", "what drafts with --spec: the model's MTP head, or suffix: the rollouts' own text (the "
+    drafter: str = opt("mtp", "what drafts with --spec: the model's MTP head; suffix: the rollouts' own text (the "
                        "group's siblings, earlier responses to the same prompt, the prompt; any model, no head; a "
-                       "fixed --k)", choices=DRAFTERS, identity=False)
+                       "fixed --k); both: per row the text's continuation where its match is long, else the head",
+                       choices=DRAFTERS, identity=False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -87,7 +88,7 @@ class DecodeSpec:
     @property
     def needs_head(self) -> bool:
         """Decoding drafts with the model's MTP head."""
-        return self.drafts and self.drafter == "mtp"
+        return self.drafts and self.drafter != "suffix"
 
     @property
     def draft_depths(self) -> int:

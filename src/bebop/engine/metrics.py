@@ -13,6 +13,8 @@
                                 sequence) per verified draft, the per-token data of the entropy law
                                 (bebop.stats.entropy_bins); sequence: the prompt's index in its call,
                                 renumbered by merge so that two calls' sequences stay apart; not in to_dict
+    by_source                   {drafter: {num_drafts, mean_acceptance_length}}: "mtp" (the head), "suffix" (the
+                                rollouts' own text; engine/suffix_drafter.py)
 """
 
 from __future__ import annotations
@@ -44,16 +46,20 @@ class SpecMetrics:
     num_emitted: int = 0
     k_histogram: dict[str, Counter] = field(default_factory=dict)
     draft_log: list[tuple[int, float, bool, int]] | None = None  # (depth, H(p_depth) nats, accepted, sequence)
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # drafter -> [drafts, accepted tokens]
 
     def __post_init__(self) -> None:
         self.accepted_per_position = (list(self.accepted_per_position) + [0] * self.k)[: self.k]
 
     def record_draft(self, num_accepted: int, k: int | None = None, entropies: Sequence[float] = (),
-                     sequence: int = 0) -> None:
+                     sequence: int = 0, source: str = "mtp") -> None:
         """One verified chain of k drafts of which the first num_accepted were kept; `entropies`: the
         target's entropy at depths 1, 2, ... (only read with a draft log, for the depths the
-        verification reached: 1 .. min(k, num_accepted + 1)); `sequence`: the row it was drafted in."""
+        verification reached: 1 .. min(k, num_accepted + 1)); `sequence`: the row it was drafted in; `source`: what
+        drafted it (the head, "mtp", or the rollouts' text, "suffix")."""
         k = self.k if k is None else k
+        counts = self.by_source.setdefault(source, [0, 0])
+        counts[0], counts[1] = counts[0] + 1, counts[1] + num_accepted
         if self.draft_log is not None:
             reached = entropies[: min(k, num_accepted + 1)]
             self.draft_log += [(d + 1, h, d < num_accepted, sequence) for d, h in enumerate(reached)]
@@ -77,10 +83,13 @@ class SpecMetrics:
                      for label in {*self.k_histogram, *other.k_histogram}}
         log = None if self.draft_log is None or other.draft_log is None else \
             self.draft_log + _apart(other.draft_log, self.draft_log)
+        sources = {s: [a + b for a, b in zip(self.by_source.get(s, [0, 0]), other.by_source.get(s, [0, 0]))]
+                   for s in {*self.by_source, *other.by_source}}
         return SpecMetrics(k, self.num_drafts + other.num_drafts, self.num_draft_tokens + other.num_draft_tokens,
                            self.num_accepted_tokens + other.num_accepted_tokens,
                            [a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))],
-                           self.entropy_sum + other.entropy_sum, self.num_emitted + other.num_emitted, histogram, log)
+                           self.entropy_sum + other.entropy_sum, self.num_emitted + other.num_emitted, histogram, log,
+                           sources)
 
     @property
     def acceptance_rate(self) -> float:
@@ -104,7 +113,9 @@ class SpecMetrics:
                 "mean_acceptance_length": self.mean_acceptance_length,
                 "acceptance_rate_per_position": self.acceptance_rate_per_position, "mean_entropy": self.mean_entropy,
                 "k_histogram": {label: {str(k): n for k, n in sorted(c.items())}
-                                for label, c in sorted(self.k_histogram.items(), key=lambda kv: int(kv[0].split("-")[0]))}}
+                                for label, c in sorted(self.k_histogram.items(), key=lambda kv: int(kv[0].split("-")[0]))},
+                "by_source": {s: {"num_drafts": n, "mean_acceptance_length": 1 + a / n if n else 1.0}
+                              for s, (n, a) in sorted(self.by_source.items())}}
 
 
 def _apart(log: list, after: list) -> list:

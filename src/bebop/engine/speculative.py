@@ -44,7 +44,7 @@ from bebop.engine.refresh_log import RefreshLog
 from bebop.engine.rows import Observer, RowBook
 from bebop.engine.spec_step import step_draws
 from bebop.engine.step_costs import step_costs
-from bebop.engine.suffix_drafter import DRAFTERS, SuffixDrafter, point_mass_drafts
+from bebop.engine.suffix_drafter import DRAFTERS, MIN_MATCH, SourceChooser, SuffixDrafter, point_mass_drafts
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
@@ -109,11 +109,12 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     """`controller`: with k="auto", an AdaptiveK to reuse across calls (RL keeps one per run so its
     acceptance estimate follows the policy); by default a fresh one over the model's cached costs.
     `log_drafts`: keep every verified draft's (depth, target entropy, accepted, prompt index) in
-    metrics.draft_log. `drafter`: "mtp" (the model's head) or "suffix" (the rollouts' own text: `index`, kept by
-    the caller across calls so that earlier responses to the same prompts draft too; by default this call's)."""
+    metrics.draft_log. `drafter`: "mtp" (the model's head), "suffix" (the rollouts' own text: `index`, kept by
+    the caller across calls so that earlier responses to the same prompts draft too; by default this call's) or
+    "both" (per row, the index's continuation where its match is long, else the head's draft)."""
     check_spec(mode, k, max_k)
     check_drafter(drafter, k)
-    if drafter == "mtp":
+    if drafter != "suffix":
         model.require_mtp()
     check_prompts(prompts, model.config.max_position_embeddings, model.config.vocab_size)
     if k == AUTO and controller is None:
@@ -123,7 +124,7 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
                controller=controller if k == AUTO else None, log_drafts=log_drafts,
-               index=(SuffixIndex() if index is None else index) if drafter == "suffix" else None)
+               drafter=drafter, index=(SuffixIndex() if index is None else index) if drafter != "mtp" else None)
     try:
         while run.live:
             run.step()
@@ -148,7 +149,7 @@ def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, 
     `sink` (k="auto": `controller` carries the acceptance estimate and costs across calls; a suffix drafter's
     `index` carries the earlier calls' text)."""
     check_drafter(drafter, k)
-    index = (SuffixIndex() if index is None else index) if drafter == "suffix" else None
+    index = (SuffixIndex() if index is None else index) if drafter != "mtp" else None
 
     def run(model: CausalLM, prompts, **kwargs) -> list[Generation]:
         gens, metrics = speculative_generate(model, prompts, k=k, mode=mode, max_k=max_k, controller=controller,
@@ -166,7 +167,8 @@ class _SpeculativeRun:
 
     def __init__(self, model: CausalLM, prompts, *, k: int, mode: str, max_new_tokens: int, sampling, stop_ids,
                  generator, pad_id: int, observer, interrupt_ids, max_observation_tokens: int,
-                 controller: AdaptiveK | None, log_drafts: bool = False, index: SuffixIndex | None = None) -> None:
+                 controller: AdaptiveK | None, log_drafts: bool = False, drafter: str = "mtp",
+                 index: SuffixIndex | None = None) -> None:
         cfg = model.config
         self.model, self.k, self.mode, self.sampling = model, k, mode, sampling
         self.generator, self.pad_id, self.controller = generator, pad_id, controller
@@ -176,9 +178,11 @@ class _SpeculativeRun:
                                   slack=max(k + 1, max_observation_tokens + 1))
         self.live = list(range(len(prompts)))
         self.cache = model.new_cache(len(prompts), capacity)
-        self.suffix = SuffixDrafter(index, self.book) if index is not None else None
+        self.suffix = SuffixDrafter(index, self.book, MIN_MATCH[drafter]) if index is not None else None
+        self.chooser = SourceChooser() if drafter == "both" else None
+        self.matches: list[int] = []  # this step, per live row: the match its draft continues (0: the head's)
         # a catch-up refresh writes up to `capacity` positions past a row's MTP length: room for both
-        self.mtp_cache = None if self.suffix else model.require_mtp().new_cache(
+        self.mtp_cache = None if drafter == "suffix" else model.require_mtp().new_cache(
             len(prompts), 2 * capacity + k, dtype=model.dtype, device=model.device)
         self.log = RefreshLog(len(prompts))
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
@@ -197,7 +201,7 @@ class _SpeculativeRun:
         t0, compiling = time.perf_counter(), compile_seconds(self.model)
         generating = len(live_rows(self.book, self.live))  # the live batch less the finished riding along
         pending = [self.book.pending[row] for row in self.live]
-        if self.suffix is not None:
+        if self.mtp_cache is None:  # the suffix drafter alone
             k, drafting, drafts, draft_probs = self._suffix_drafts(pending)
             typical = all(len(p) == 1 for p in pending if p)
             draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
@@ -209,8 +213,11 @@ class _SpeculativeRun:
             typical = all(len(p) == 1 for p in pending if p) and (not k or max(logged) <= self.k + 1)
             draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
             drafts = draft_probs = None
+            self.matches = []
             if k:
                 drafts, draft_probs = self._refresh(k, draws[:, :k])
+                if self.suffix is not None:  # both: a row with a long match drafts its continuation instead
+                    drafts, draft_probs = self._mix(pending, drafting, drafts, draft_probs)
             elif self.log.positions * len(self.live) * self.model.config.hidden_size > LOG_LIMIT:
                 self._refresh(0, draws[:, :0])
         hidden, host_rows = self._verify(k, pending, drafting, drafts, draft_probs, draws[:, k:])
@@ -229,10 +236,29 @@ class _SpeculativeRun:
         most K); a step where none matches is plain -> (k, drafting (R,), drafts (R, k), draft_probs (R, k, V))."""
         assert self.suffix is not None
         self.suffix.sync(self.live)
-        proposals = [p if len(fed) == 1 else [] for p, fed in zip(self.suffix.propose(self.live, self.k), pending)]
+        found = [(p, n) if len(fed) == 1 else ([], 0) for (p, n), fed in zip(self.suffix.propose(self.live, self.k),
+                                                                           pending)]
+        proposals, self.matches = [p for p, _ in found], [n for _, n in found]
         k = max(map(len, proposals), default=0)
         drafts, draft_probs = point_mass_drafts(proposals, k, self.model.config.vocab_size, self.model.device)
         return k, [bool(p) for p in proposals], drafts, draft_probs
+
+    def _mix(self, pending, drafting, drafts: torch.Tensor, draft_probs: torch.Tensor):
+        """The head's drafts (R, k), (R, k, V), with each drafting row whose index match is long and has paid as
+        well as the head's drafts (SourceChooser) replaced by the continuation's point masses. Which source a row
+        uses depends on its text and past steps alone: lossless either way."""
+        assert self.suffix is not None and self.chooser is not None
+        self.suffix.sync(self.live)
+        k = drafts.shape[1]
+        found = [(p, n) if d and len(fed) == 1 and self.chooser.prefer_suffix(n) else ([], 0)
+                 for (p, n), d, fed in zip(self.suffix.propose(self.live, k), drafting, pending)]
+        proposals, self.matches = [p for p, _ in found], [n for _, n in found]
+        use = torch.tensor([bool(p) for p in proposals], device=drafts.device)  # (R,)
+        if not bool(use.any()):
+            return drafts, draft_probs
+        mass_drafts, mass_probs = point_mass_drafts(proposals, k, draft_probs.shape[-1], drafts.device)
+        return (torch.where(use[:, None], mass_drafts, drafts),
+                torch.where(use[:, None, None], mass_probs.to(draft_probs.dtype), draft_probs))
 
     def _refresh(self, k: int, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Refresh the MTP cache over every pending position, draft k tokens (draws (R, k)), roll the drafts back."""
@@ -273,14 +299,17 @@ class _SpeculativeRun:
             ents = host[i][2 * (k + 1): 2 * (k + 1) + n_acc + 1]
             kept = self.book.emit(row, toks, host[i][k + 1: k + 2 + n_acc], ents)
             if drafting[i]:  # ents[d - 1] is H(p_d)
-                self.metrics.record_draft(n_acc, k, ents, sequence=row)
+                match = self.matches[i] if self.matches else 0
+                self.metrics.record_draft(n_acc, k, ents, sequence=row, source="suffix" if match else "mtp")
+                if self.chooser is not None:
+                    self.chooser.observe(match, n_acc)
             self.metrics.record_emitted(ents[:kept])
             valid = pending[i] + toks[: kept - 1]  # tokens of this chunk now in the trunk cache
             self.trunk_len[i] += len(valid)
             done = self.book.rows[row].done
             counts.append(0 if done else len(valid))
             next_tokens.append([] if done else valid[1:] + [toks[kept - 1]])
-        if self.suffix is None:
+        if self.mtp_cache is not None:
             self.log.add(hidden, counts, next_tokens)
 
     def _leave_finished(self) -> None:

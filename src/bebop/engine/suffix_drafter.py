@@ -20,14 +20,15 @@ import torch
 from bebop.engine.rows import RowBook
 from bebop.engine.suffix_index import SuffixIndex
 
-DRAFTERS = ("mtp", "suffix")  # the model's MTP head, or the rollouts' own text
+DRAFTERS = ("mtp", "suffix", "both")  # the model's MTP head, the rollouts' own text, or per row the better
+MIN_MATCH = {"suffix": 1, "both": 4}  # the shortest match whose continuation drafts (with both: instead of the head)
 
 
 class SuffixDrafter:
     """The rows of one generate call in a suffix index (which outlives the call: its rows become history)."""
 
-    def __init__(self, index: SuffixIndex, book: RowBook) -> None:
-        self.index, self.book = index, book
+    def __init__(self, index: SuffixIndex, book: RowBook, min_match: int = 1) -> None:
+        self.index, self.book, self.min_match = index, book, min_match
         self.docs = [index.open(row.prompt_ids) for row in book.rows]
         self.seen = [0] * len(book.rows)  # each row's output tokens already in the index
 
@@ -39,12 +40,41 @@ class SuffixDrafter:
                 self.index.extend(self.docs[row], tokens[self.seen[row]:])
                 self.seen[row] = len(tokens)
 
-    def propose(self, rows: Sequence[int], k: int) -> list[list[int]]:
-        """Per row, up to k tokens to follow its text ([] where nothing matches)."""
-        return [self.index.propose(self.docs[row], k)[0] for row in rows]
+    def propose(self, rows: Sequence[int], k: int) -> list[tuple[list[int], int]]:
+        """Per row, up to k tokens to follow its text and the match's length (([], 0) where no match of min_match
+        tokens or more)."""
+        out = []
+        for row in rows:
+            tokens, match, _ = self.index.propose(self.docs[row], k)
+            out.append((tokens, match) if match >= self.min_match else ([], 0))
+        return out
 
     def close(self) -> None:
         self.index.close_call()
+
+
+class SourceChooser:
+    """With both drafters: per match length, the running mean of the tokens accepted from a row's continuation,
+    against the head's; a row drafts its continuation where that mean is at least the head's. Only finished steps
+    feed it, so a row's source depends on the past alone (lossless). A match length not yet tried is tried."""
+
+    DECAY = 0.95  # per observation: the estimates follow a policy that changes under RL
+
+    def __init__(self) -> None:
+        self.head: float | None = None  # tokens accepted per head draft
+        self.suffix: dict[int, float] = {}  # match length -> tokens accepted per continuation draft
+
+    def prefer_suffix(self, match: int) -> bool:
+        mean = self.suffix.get(match)
+        return mean is None or self.head is None or mean >= self.head
+
+    def observe(self, match: int, accepted: int) -> None:
+        """A verified draft: from the head (match 0) or from a continuation after a match of `match` tokens."""
+        if match == 0:
+            self.head = accepted if self.head is None else self.DECAY * self.head + (1 - self.DECAY) * accepted
+        else:
+            mean = self.suffix.get(match)
+            self.suffix[match] = accepted if mean is None else self.DECAY * mean + (1 - self.DECAY) * accepted
 
 
 def point_mass_drafts(proposals: Sequence[Sequence[int]], k: int, vocab: int,

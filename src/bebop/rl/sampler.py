@@ -91,7 +91,7 @@ class RolloutSampler:
         """The engine the run's rollouts use: vLLM's, or bebop's plain or drafting with the head (metrics to `sink`)."""
         if self.vllm is not None:
             return self.vllm.engine
-        if self.suffix_index is None and self.cfg.decode.drafter == "suffix":
+        if self.suffix_index is None and self.cfg.decode.drafter != "mtp":
             self.suffix_index = SuffixIndex()  # earlier steps' responses draft for later ones (every epoch)
         return generate_fn(self.cfg.decode, sink, self._controller(model, rows), self.suffix_index)
 
