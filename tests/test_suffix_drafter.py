@@ -197,3 +197,30 @@ def test_sampled_output_is_lossless_with_both_drafters(headed_model):
         p = warp_probs(headed_model.logits(headed_model(torch.tensor([prompt + [top0, top1]])))[0, -1], params)
     assert_follows(third, p)
     assert first.numel() == n
+
+
+def test_the_source_chooser_tries_a_match_length_then_follows_what_it_paid():
+    from bebop.engine.suffix_drafter import SourceChooser
+
+    chooser = SourceChooser()
+    assert chooser.prefer_suffix(3)  # nothing measured yet
+    chooser.observe(0, 3)  # a head draft: 3 tokens accepted
+    assert chooser.prefer_suffix(3)  # a match length not yet tried is tried
+    chooser.observe(3, 1)
+    chooser.observe(6, 3)
+    assert not chooser.prefer_suffix(3) and chooser.prefer_suffix(6)
+    for _ in range(60):  # the head gets worse (a policy under RL): the estimates follow
+        chooser.observe(0, 0)
+    assert chooser.prefer_suffix(3)
+
+
+def test_metrics_count_drafts_by_source():
+    from bebop.engine.metrics import SpecMetrics
+
+    a, b = SpecMetrics(3), SpecMetrics(3)
+    a.record_draft(2, source="mtp")
+    b.record_draft(1, source="suffix")
+    b.record_draft(3, source="suffix")
+    merged = a.merge(b).to_dict()["by_source"]
+    assert merged == {"mtp": {"num_drafts": 1, "mean_acceptance_length": 3.0},
+                      "suffix": {"num_drafts": 2, "mean_acceptance_length": 3.0}}
