@@ -7,8 +7,8 @@ rollout worker and the trainer.
 
 DIR is a policy with a trained MTP head. A run is MODE:SPEC[@ROLLOUT_THREADS/TRAIN_THREADS][+OPTION...]
 (0 = torch's default, every core; an OPTION is `compile` (--compile on), `vllm` (--engine vllm, with vLLM's
-Python in BEBOP_VLLM_PYTHON), `rollout-bfloat16` (--rollout-dtype) or the training precision, float32 or
-bfloat16). To compare revisions, run this script alternately with
+Python in BEBOP_VLLM_PYTHON), `suffix` or `both` (--drafter), `kN` (this run's --k), `rollout-bfloat16`
+(--rollout-dtype) or the training precision, float32 or bfloat16). To compare revisions, run this script alternately with
 PYTHONPATH=WORKTREE/src (runs without options pass none, so an older bebop runs them too).
 Each run trains --steps GRPO steps from the same policy and seed
 into a temporary directory; its step time is the median over the steps after the first (which
@@ -47,6 +47,10 @@ def parse_run(text: str) -> dict:
             extra["compile"] = "on"
         elif option == "vllm":  # --engine vllm, its Python from BEBOP_VLLM_PYTHON (or this one)
             extra["engine"] = "vllm"
+        elif option in ("suffix", "both"):  # --drafter
+            extra["drafter"] = option
+        elif option.startswith("k") and option[1:].isdigit():  # this run's --k
+            extra["k"] = int(option[1:])
         elif option.startswith("rollout-"):
             extra["rollout_dtype"] = option.removeprefix("rollout-")
         else:
@@ -77,7 +81,7 @@ def main() -> None:
             **({"k": parse_k(args.k)} if run["spec"] != "off" else {}), group_size=args.group_size,
             batch_prompts=args.batch_prompts, difficulty=args.difficulty, max_new_tokens=args.max_new_tokens,
             save_every=args.steps, rollout_threads=run["rollout_threads"], train_threads=run["train_threads"],
-            **run["extra"], **({"micro_batch_size": args.micro_batch_size} if args.micro_batch_size else {})))
+            **({"micro_batch_size": args.micro_batch_size} if args.micro_batch_size else {})) | run["extra"])
         with tempfile.TemporaryDirectory() as tmp:
             train_rl(Path(tmp) / "run", cfg, progress=False)
             rows = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
