@@ -29,7 +29,7 @@ from contextlib import contextmanager
 
 import torch
 
-from bebop.engine import refresh_log, speculative
+from bebop.engine import compiled, refresh_log, speculative
 from bebop.engine.compiled import compile_steps
 from bebop.engine.generate import generate
 from bebop.engine.speculative import speculative_generate
@@ -45,6 +45,8 @@ plain_module = importlib.import_module("bebop.engine.generate")  # the module (b
 
 spec_step = importlib.import_module("bebop.engine.spec_step") if importlib.util.find_spec("bebop.engine.spec_step") \
     else None  # the step's verbs as tensor functions (absent in a tree before them)
+# the step functions' classes (engine/compiled.py), where the tree has them (before: module functions)
+STEP_CLASSES = [getattr(compiled, name) for name in ("EagerSteps", "CompiledSteps") if hasattr(compiled, name)]
 RUN = getattr(speculative, "_SpeculativeRun", None) or speculative._Run  # per-call state (older name: a tree before)
 SAMPLING = ("warp_probs", "sample", "entropy", "to_host", "_accept", "token_logprob", "_pick",
             "_rejection_sample_from", "_target_only_sample_from")
@@ -65,6 +67,7 @@ CATEGORIES = {
 COMPILED_CATEGORIES = {
     **CATEGORIES,
     "verify_forward": [(plain_module, "trunk_forward"), (speculative, "trunk_forward"), (speculative, "verify_step"),
+                       *[(steps, name) for steps in STEP_CLASSES for name in ("forward", "verify")],
                        (qwen3.CausalLM, "logits")],
     "mtp_forwards": [(speculative, "_draft")],
     "sampling_acceptance": [(mod, name) for mod in (speculative, plain_module) for name in SAMPLING],
@@ -72,7 +75,8 @@ COMPILED_CATEGORIES = {
 # the engine's prefill (each distinct prompt once, before the first step) where the tree has one: it is "step 0",
 # reported as prefill_ms; in an older tree the first step fed the whole prompt and was step 0
 PREFILL = [(plain_module, "prefill_prompts"), (speculative, "prefill_prompts")]
-STEP_STARTS = {(qwen3.CausalLM, "forward"), (plain_module, "trunk_forward")}  # plain decoding: one per step
+STEP_STARTS = {(qwen3.CausalLM, "forward"), (plain_module, "trunk_forward"),  # plain decoding: one per step
+               *((steps, "forward") for steps in STEP_CLASSES)}
 
 
 class Timers:

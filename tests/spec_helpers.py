@@ -28,7 +28,7 @@ def oracle_drafter(model, prompts, corrupt: float, seed: int):
     seqs = [list(p) for p in prompts]
     rng = random.Random(seed)
 
-    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, rows):
+    def draft(steps, model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, rows):
         drafts = []
         for i, b in enumerate(rows):  # rows: the prompt index of each live row
             c = int(ref_count[i])
@@ -57,7 +57,7 @@ def mixture_drafter(model, prompts, params):
     exact target row (full forward), so RS accepts often (about 0.85) yet not always."""
     seqs = [list(p) for p in prompts]  # the prompt is refreshed at prefill; the log carries what follows
 
-    def draft(model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, live):
+    def draft(steps, model_, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, live):
         for i, b in enumerate(live):  # live: the prompt index of each live row
             seqs[b] += ref_tokens[i, : int(ref_count[i])].tolist()
         drafts = torch.zeros(len(live), k, dtype=torch.long)  # (R, K)

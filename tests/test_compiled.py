@@ -167,3 +167,25 @@ def test_auto_profiles_through_the_compiled_steps_and_decodes_without_compiling(
     ks = {k for by_k in metrics.k_histogram.values() for k in by_k}
     assert 0 in ks and len(ks) > 1, metrics.k_histogram  # plain and drafting steps both ran, compiled
     assert steps.calls["verify"] - profiled == sum(sum(c.values()) for c in metrics.k_histogram.values())
+
+
+def test_an_engine_call_takes_its_step_functions_once(spec_model, monkeypatch):
+    """The engine holds the model's step functions (compiled or eager) for a call and passes them on: one look-up
+    per generate call, however many steps it decodes."""
+    import importlib
+
+    from bebop.engine import speculative
+
+    plain_module = importlib.import_module("bebop.engine.generate")  # the module (the package exports the function)
+    looked_up = []
+
+    def counting(model):
+        looked_up.append(model)
+        return compiled.steps_of(model)
+
+    monkeypatch.setattr(plain_module, "steps_of", counting)
+    monkeypatch.setattr(speculative, "steps_of", counting)
+    prompts = ids_of(PROMPTS)
+    generate(spec_model, prompts, max_new_tokens=12, sampling=SamplingParams(0.0), stop_ids=[EOS])
+    speculative_generate(spec_model, prompts, k=2, mode="rs", max_new_tokens=12, sampling=SamplingParams(0.0))
+    assert looked_up == [spec_model, spec_model]

@@ -136,8 +136,8 @@ def test_catch_up_refresh_equals_refreshing_every_step(spec_model, monkeypatch):
     seen = []
     real = spec._draft
 
-    def spy(model, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, rows):
-        drafts, probs = real(model, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, rows)
+    def spy(steps, model, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, rows):
+        drafts, probs = real(steps, model, mtp_cache, ref_hidden, ref_tokens, ref_count, k, mode, sampling, draws, rows)
         seen.append((list(rows), ref_count.tolist(), probs[:, 0].clone()))
         return drafts, probs
 

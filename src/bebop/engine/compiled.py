@@ -1,9 +1,13 @@
 """Compiled decoding steps: `--compile auto|on|off` (inductor on the CPU).
 
-    steps = compile_steps(model, "on")      # or "auto" with the run's expected decode steps
-    hidden = trunk_forward(model, ids, cache, counts)                    # plain decoding's step
-    drafts, draft_probs = draft_chain_step(model, head_cache, ...)     # a speculative step's two verbs:
-    hidden, host = verify_step(model, cache, ids, counts, is_draft, drafts, draft_probs, draws, ...)
+    compile_steps(model, "on")              # or "auto" with the run's expected decode steps
+    steps = steps_of(model)                 # an engine call takes its step functions once and passes them on
+    hidden = steps.forward(model, ids, cache, counts)                    # plain decoding's step
+    drafts, draft_probs = steps.draft_chain(model, head_cache, ...)    # a speculative step's two verbs:
+    hidden, host = steps.verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws, ...)
+
+A model's compiled steps are kept beside it in a weak map (a model freed frees its graphs; a copy of a model is
+not compiled until compile_steps says so), read once per engine call, not per forward.
 
 What compiles, each through `torch.compile(fullgraph=True)` over bebop.model.static_cache's view of the
 preallocated KV cache (views of its used span, written in place), so a graph depends on no host state:
@@ -91,6 +95,12 @@ def compile_steps(model: CausalLM, choice: str, decode_steps: int = 0) -> bool:
     return True
 
 
+def steps_of(model: CausalLM) -> EagerSteps:
+    """The step functions the engine runs `model`'s decoding with: its compiled steps (compile_steps), else eager.
+    An engine call takes them once and passes them on."""
+    return _STEPS.get(model) or EAGER
+
+
 def compiled_steps(model: CausalLM) -> CompiledSteps | None:
     return _STEPS.get(model)
 
@@ -100,62 +110,37 @@ def is_compiled(model: CausalLM) -> bool:
     return steps is not None and steps.failed is None
 
 
-def trunk_forward(model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
-    """model(ids, cache, counts): ids (B, T), counts (B,) -> hidden (B, T, H), compiled when it can be."""
-    steps = _STEPS.get(model)
-    eager = lambda: model(ids, cache, counts)  # noqa: E731
-    if steps is None or steps.failed or ids.shape[1] > MAX_COMPILED_CHUNK:
-        return eager()
-    return steps.run("trunk", steps.trunk, eager, model, cache, ids.shape[1], ids, counts, dynamic_chunk=True)
+class EagerSteps:
+    """A decoding step's functions, run eagerly (the modules' forwards and engine/spec_step.py's verbs): what the
+    engine calls. CompiledSteps runs the same functions compiled where it can."""
+
+    def forward(self, model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
+        """model(ids, cache, counts): ids (B, T), counts (B,) -> hidden (B, T, H)."""
+        return model(ids, cache, counts)
+
+    def draft_refresh(self, model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                      ref_count: torch.Tensor, draws: torch.Tensor, *, mode: str, sampling: SamplingParams):
+        return draft_refresh(model, head_cache, ref_hidden, ref_tokens, ref_count, draws, mode=mode, sampling=sampling)
+
+    def draft_next(self, model: CausalLM, head_cache: KVCache, hidden: torch.Tensor, token: torch.Tensor,
+                   draws: torch.Tensor, *, depth: int, mode: str, sampling: SamplingParams):
+        return draft_next(model, head_cache, hidden, token, draws, depth=depth, mode=mode, sampling=sampling)
+
+    def draft_chain(self, model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                    ref_count: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
+                    sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """spec_step.draft_chain over this object's draft_refresh and draft_next."""
+        return draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws, k=k, mode=mode,
+                           sampling=sampling, refresh=self.draft_refresh, step=self.draft_next)
+
+    def verify(self, model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Tensor, is_draft: torch.Tensor,
+               drafts: torch.Tensor, draft_probs: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
+               sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        return verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws, k=k, mode=mode,
+                      sampling=sampling)
 
 
-def draft_refresh_step(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
-                       ref_count: torch.Tensor, draws: torch.Tensor, *, mode: str, sampling: SamplingParams):
-    """spec_step.draft_refresh, compiled where it can be: one graph for every width from 2 to MAX_COMPILED_CHUNK
-    (width 1 and a longer catch-up run eager)."""
-    steps = _STEPS.get(model)
-    eager = lambda: draft_refresh(model, head_cache, ref_hidden, ref_tokens, ref_count, draws,  # noqa: E731
-                                  mode=mode, sampling=sampling)
-    if steps is None or steps.failed or not 1 < ref_hidden.shape[1] <= MAX_COMPILED_CHUNK:
-        return eager()
-    return steps.run("refresh", steps.refresh, eager, model, head_cache, ref_hidden.shape[1], ref_hidden,
-                     ref_tokens, ref_count, draws, mode, sampling, dynamic_chunk=True)
-
-
-def draft_next_step(model: CausalLM, head_cache: KVCache, hidden: torch.Tensor, token: torch.Tensor,
-                    draws: torch.Tensor, *, depth: int, mode: str, sampling: SamplingParams):
-    """spec_step.draft_next, compiled where it can be: with one head layer every depth >= 2 is the same forward
-    and one graph serves them all (with L layers, a depth matters mod L and through the entries it hides)."""
-    steps = _STEPS.get(model)
-    depth = depth if model.require_mtp().num_layers > 1 else 2
-    eager = lambda: draft_next(model, head_cache, hidden, token, draws, depth=depth, mode=mode,  # noqa: E731
-                               sampling=sampling)
-    if steps is None or steps.failed:
-        return eager()
-    return steps.run("draft", steps.draft, eager, model, head_cache, 1, hidden, token, draws, depth, mode, sampling)
-
-
-def draft_chain_step(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
-                     ref_count: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
-                     sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """spec_step.draft_chain over draft_refresh_step and draft_next_step: a handful of graphs, whatever k."""
-    return draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws, k=k, mode=mode,
-                       sampling=sampling, refresh=draft_refresh_step, step=draft_next_step)
-
-
-def verify_step(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Tensor, is_draft: torch.Tensor,
-                drafts: torch.Tensor, draft_probs: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
-                sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """spec_step.verify, compiled where it can be: one graph for k = 0 (a plain step of a speculative run), one for
-    k = 1 and one for every k from 2 (the chunk of k + 1 tokens, the drafts and the draws dynamic in k); an
-    observation's longer chunk runs eager."""
-    steps = _STEPS.get(model)
-    eager = lambda: verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws,  # noqa: E731
-                           k=k, mode=mode, sampling=sampling)
-    if steps is None or steps.failed or ids.shape[1] != k + 1:
-        return eager()
-    return steps.run("verify", steps.verify, eager, model, cache, ids.shape[1], ids, counts, is_draft, drafts,
-                     draft_probs, draws, mode, sampling, dynamic_chunk=k > 1)
+EAGER = EagerSteps()
 
 
 def _view(k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, linear) -> StaticView:
@@ -190,22 +175,60 @@ def _verify(model: CausalLM, k, v, lengths, linear, *args):
     return verify(model, view, *tensors, k=drafts.shape[1], mode=mode, sampling=sampling), _staged(view)
 
 
-class CompiledSteps:
+class CompiledSteps(EagerSteps):
     """One model's compiled step functions; `failed` holds why compiling failed (then all runs eager)."""
 
     def __init__(self) -> None:
-        self.trunk = _compile(_trunk)
-        self.refresh = _compile(_refresh)
-        self.draft = _compile(_draft)
-        self.verify = _compile(_verify)
+        self.graphs = {"trunk": _compile(_trunk), "refresh": _compile(_refresh), "draft": _compile(_draft),
+                       "verify": _compile(_verify)}
         self.failed: str | None = None
         self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "refresh",
         # "draft" (one drafting forward), "verify"
         self.compile_s = 0.0  # seconds these steps spent compiling (or loading from inductor's cache) a graph
 
-    def run(self, name: str, fn, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
+    def forward(self, model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
+        """Compiled for a chunk of at most MAX_COMPILED_CHUNK tokens (a longer one, a prefill, runs eager)."""
+        eager = lambda: super(CompiledSteps, self).forward(model, ids, cache, counts)  # noqa: E731
+        if self.failed or ids.shape[1] > MAX_COMPILED_CHUNK:
+            return eager()
+        return self.run("trunk", eager, model, cache, ids.shape[1], ids, counts, dynamic_chunk=True)
+
+    def draft_refresh(self, model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                      ref_count: torch.Tensor, draws: torch.Tensor, *, mode: str, sampling: SamplingParams):
+        """One graph for every width from 2 to MAX_COMPILED_CHUNK (width 1 and a longer catch-up run eager)."""
+        eager = lambda: super(CompiledSteps, self).draft_refresh(  # noqa: E731
+            model, head_cache, ref_hidden, ref_tokens, ref_count, draws, mode=mode, sampling=sampling)
+        if self.failed or not 1 < ref_hidden.shape[1] <= MAX_COMPILED_CHUNK:
+            return eager()
+        return self.run("refresh", eager, model, head_cache, ref_hidden.shape[1], ref_hidden, ref_tokens, ref_count,
+                        draws, mode, sampling, dynamic_chunk=True)
+
+    def draft_next(self, model: CausalLM, head_cache: KVCache, hidden: torch.Tensor, token: torch.Tensor,
+                   draws: torch.Tensor, *, depth: int, mode: str, sampling: SamplingParams):
+        """With one head layer every depth >= 2 is the same forward and one graph serves them all (with L layers, a
+        depth matters mod L and through the entries it hides)."""
+        depth = depth if model.require_mtp().num_layers > 1 else 2
+        eager = lambda: super(CompiledSteps, self).draft_next(  # noqa: E731
+            model, head_cache, hidden, token, draws, depth=depth, mode=mode, sampling=sampling)
+        if self.failed:
+            return eager()
+        return self.run("draft", eager, model, head_cache, 1, hidden, token, draws, depth, mode, sampling)
+
+    def verify(self, model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Tensor, is_draft: torch.Tensor,
+               drafts: torch.Tensor, draft_probs: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
+               sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """One graph for k = 0 (a plain step of a speculative run), one for k = 1 and one for every k from 2 (the
+        chunk of k + 1 tokens, the drafts and the draws dynamic in k); an observation's longer chunk runs eager."""
+        eager = lambda: super(CompiledSteps, self).verify(  # noqa: E731
+            model, cache, ids, counts, is_draft, drafts, draft_probs, draws, k=k, mode=mode, sampling=sampling)
+        if self.failed or ids.shape[1] != k + 1:
+            return eager()
+        return self.run("verify", eager, model, cache, ids.shape[1], ids, counts, is_draft, drafts, draft_probs, draws,
+                        mode, sampling, dynamic_chunk=k > 1)
+
+    def run(self, name: str, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
             dynamic_chunk: bool = False) -> Any:
-        """fn(model, views of the cache's used span, *args), the host span advanced as an eager forward does;
+        """The graph `name`(model, views of the cache's used span, *args), the host span advanced as an eager forward does;
         `eager()` instead when compiling fails. `dynamic_chunk`: dimension 1 of the chunk's (B, T, ...) inputs is
         dynamic (one graph for every chunk length from 2 up)."""
         if isinstance(cache, HybridCache) and cache.batch_size > HYBRID_MAX_ROWS:
@@ -235,7 +258,7 @@ class CompiledSteps:
         _CLOCK.install()
         compiling = _CLOCK.seconds
         try:
-            out, staged = fn(model, k, v, cache.lengths, linear, *args)
+            out, staged = self.graphs[name](model, k, v, cache.lengths, linear, *args)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
             if not _is_compile_error(err):
                 raise

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import compile_seconds, draft_chain_step, verify_step
+from bebop.engine.compiled import EagerSteps, compile_seconds, steps_of
 from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, prefill_prompts, rows_to_keep
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.records import Generation
@@ -87,15 +87,16 @@ def check_spec_flags(spec: str, k: int | str, max_k: int) -> None:
     check_spec(spec, k, max_k)
 
 
-def _draft(model: CausalLM, mtp_cache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor, ref_count: torch.Tensor,
-           k: int, mode: str, sampling: SamplingParams, draws: torch.Tensor, rows: list[int]
+def _draft(steps: EagerSteps, model: CausalLM, mtp_cache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+           ref_count: torch.Tensor, k: int, mode: str, sampling: SamplingParams, draws: torch.Tensor, rows: list[int]
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The drafter: refresh the MTP cache with the pending positions, then draft k tokens (k = 0: refresh only).
+    """The head's drafter (`steps`: the run's step functions): refresh the MTP cache with the pending positions,
+    then draft k tokens (k = 0: refresh only).
 
     ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,); draws (R, k) float64 uniforms; rows: each row's
-    prompt index (for drafters other than the head) -> drafts (R, k), draft_probs (R, k, V)."""
-    return draft_chain_step(model, mtp_cache, ref_hidden, ref_tokens, ref_count, draws, k=k, mode=mode,
-                            sampling=sampling)
+    prompt index (for a test's drafter) -> drafts (R, k), draft_probs (R, k, V)."""
+    return steps.draft_chain(model, mtp_cache, ref_hidden, ref_tokens, ref_count, draws, k=k, mode=mode,
+                             sampling=sampling)
 
 
 @torch.inference_mode()
@@ -171,6 +172,7 @@ class _SpeculativeRun:
                  index: SuffixIndex | None = None) -> None:
         cfg = model.config
         self.model, self.k, self.mode, self.sampling = model, k, mode, sampling
+        self.steps = steps_of(model)  # compiled when compile_steps compiled the model
         self.generator, self.pad_id, self.controller = generator, pad_id, controller
         self.book = RowBook(prompts, max_new_tokens, stop_ids, interrupt_ids, observer,
                             context=cfg.max_position_embeddings)
@@ -265,8 +267,8 @@ class _SpeculativeRun:
         assert self.mtp_cache is not None
         counts = self.log.counts
         ref_hidden, ref_tokens, ref_count = self.log.take(self.pad_id, width=k + 1)  # (R, W, H), (R, W), (R,)
-        drafts, draft_probs = _draft(self.model, self.mtp_cache, ref_hidden, ref_tokens, ref_count, k, self.mode,
-                                     self.sampling, draws, list(self.live))  # (R, k), (R, k, V)
+        drafts, draft_probs = _draft(self.steps, self.model, self.mtp_cache, ref_hidden, ref_tokens, ref_count, k,
+                                     self.mode, self.sampling, draws, list(self.live))  # (R, k), (R, k, V)
         self.mtp_len = [n + c for n, c in zip(self.mtp_len, counts)]
         self.mtp_cache.rollback(torch.tensor(self.mtp_len, device=self.model.device), span=max(self.mtp_len))
         return drafts, draft_probs
@@ -282,8 +284,8 @@ class _SpeculativeRun:
         if not k:
             vocab = self.model.config.vocab_size
             drafts, draft_probs = ids.new_zeros(batch, 0), torch.zeros(batch, 0, vocab, device=device)
-        return verify_step(self.model, self.cache, ids, counts, is_draft, drafts, draft_probs, draws, k=k,
-                           mode=self.mode, sampling=self.sampling)
+        return self.steps.verify(self.model, self.cache, ids, counts, is_draft, drafts, draft_probs, draws, k=k,
+                                 mode=self.mode, sampling=self.sampling)
 
     def _emit(self, k: int, pending, drafting, host, hidden) -> None:
         """Hand each row its accepted run; log the positions now valid for the next MTP refresh."""

@@ -31,7 +31,7 @@ import weakref
 
 import torch
 
-from bebop.engine.compiled import draft_next_step, draft_refresh_step, is_compiled, verify_step
+from bebop.engine.compiled import is_compiled, steps_of
 from bebop.engine.metrics import rows_bucket
 from bebop.model.kv_cache import KVCache
 from bebop.model.qwen3 import CausalLM
@@ -164,7 +164,7 @@ def _best_of(run, repeats: int = 3) -> float:
 def trunk_forward(model: CausalLM, rows: int, t: int, context: int = PROFILE_CONTEXT, cache: KVCache | None = None,
                   *, mode: str = "rs", sampling: SamplingParams = SamplingParams(1.0)) -> None:
     """One speculative verify over rows x t tokens after `context` cached positions (t = 1: a plain step, k = 0;
-    else k = t - 1 drafts), as the engine runs it (bebop.engine.compiled.verify_step: the trunk forward, the LM
+    else k = t - 1 drafts), as the engine runs it (the model's steps' verify (bebop.engine.compiled): the trunk forward, the LM
     head, warps, acceptance), ending in the host read a step pays.
     `cache`: a trunk cache of `rows` rows and capacity >= context + t to reuse (else one is made)."""
     cache = cache if cache is not None else model.new_cache(rows, 2 * context + t)  # room past the span, as in a run
@@ -177,8 +177,8 @@ def trunk_forward(model: CausalLM, rows: int, t: int, context: int = PROFILE_CON
     drafts = torch.zeros(rows, k, dtype=torch.long, device=device)  # (R, k)
     draft_probs = torch.full((rows, k, vocab), 1.0 / vocab, device=device)  # (R, k, V)
     draws = torch.full((rows, k + 2), 0.5, dtype=torch.float64, device=device)  # (R, k + 2)
-    _, host = verify_step(model, cache, ids, counts, drafting, drafts, draft_probs, draws, k=k, mode=mode,
-                          sampling=sampling)
+    _, host = steps_of(model).verify(model, cache, ids, counts, drafting, drafts, draft_probs, draws, k=k, mode=mode,
+                                     sampling=sampling)
     host.tolist()  # the host read a step pays
 
 
@@ -194,22 +194,23 @@ def _head_cache(model: CausalLM, rows: int, context: int, width: int, cache: KVC
 def mtp_step(model: CausalLM, rows: int, context: int = PROFILE_CONTEXT, cache: KVCache | None = None,
              *, mode: str = "rs", sampling: SamplingParams = SamplingParams(1.0)) -> None:
     """One cached drafting forward (depth 2) over `rows` rows, its warp and draw, as the engine runs it
-    (bebop.engine.compiled.draft_next_step). `cache`: a head cache of `rows` rows and capacity >= context + 1
+    (its steps' draft_next, bebop.engine.compiled). `cache`: a head cache of `rows` rows and capacity >= context + 1
     to reuse (else one is made)."""
     cache = _head_cache(model, rows, context, 1, cache)
     hidden = torch.zeros(rows, model.config.hidden_size, dtype=model.dtype, device=model.device)  # (R, H)
     token = torch.zeros(rows, dtype=torch.long, device=model.device)  # (R,)
     draws = torch.full((rows,), 0.5, dtype=torch.float64, device=model.device)  # (R,)
-    _, drafted, _ = draft_next_step(model, cache, hidden, token, draws, depth=2, mode=mode, sampling=sampling)
+    _, drafted, _ = steps_of(model).draft_next(model, cache, hidden, token, draws, depth=2, mode=mode,
+                                               sampling=sampling)
     drafted.tolist()
 
 
 def refresh(model: CausalLM, rows: int, width: int, context: int = PROFILE_CONTEXT, *, mode: str = "rs",
             sampling: SamplingParams = SamplingParams(1.0)) -> None:
-    """One refresh of the head's cache over `width` positions a row (bebop.engine.compiled.draft_refresh_step)."""
+    """One refresh of the head's cache over `width` positions a row (its steps' draft_refresh)."""
     cache = _head_cache(model, rows, context, width, None)
     hidden = torch.zeros(rows, width, model.config.hidden_size, dtype=model.dtype, device=model.device)  # (R, W, H)
     tokens = torch.zeros(rows, width, dtype=torch.long, device=model.device)  # (R, W)
     count = torch.full((rows,), width, dtype=torch.long, device=model.device)  # (R,)
     draws = torch.full((rows,), 0.5, dtype=torch.float64, device=model.device)  # (R,)
-    draft_refresh_step(model, cache, hidden, tokens, count, draws, mode=mode, sampling=sampling)[1].tolist()
+    steps_of(model).draft_refresh(model, cache, hidden, tokens, count, draws, mode=mode, sampling=sampling)[1].tolist()
