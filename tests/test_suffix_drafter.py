@@ -140,6 +140,7 @@ def test_generate_and_rl_draft_from_their_own_text_on_a_model_without_a_head(hf_
     train_rl(tmp_path / "run", rl_cfg(path, steps=2, spec="rs", drafter="suffix", k=3), progress=False, device="cpu")
     rows = read_metrics(tmp_path / "run")
     assert all(r["acceptance_rate"] is not None for r in rows) and rows[-1]["mean_acceptance_length"] > 1
+    assert set(rows[-1]["drafts_by_source"]) == {"suffix"} and rows[-1]["drafts_by_source"]["suffix"]["num_drafts"] > 0
 
 
 @pytest.fixture(scope="module", params=["float32", "compiled"])

@@ -146,6 +146,7 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
         acceptance_rate=spec.acceptance_rate if spec else None,
         acceptance_rate_per_position=spec.acceptance_rate_per_position if spec else [],
         k_histogram=spec.to_dict()["k_histogram"] if spec else {},
+        drafts_by_source=spec.to_dict()["by_source"] if spec else {},
         rollout_s=b.rollout_s, wait_s=fetched.wait_s, train_s=train_s, step_s=step_s,
         generated_tokens=b.generated_tokens, tokens_per_s=b.generated_tokens / max(b.rollout_s, 1e-9),
         **length_percentiles([r.num_policy_tokens for r in b.rollouts]),

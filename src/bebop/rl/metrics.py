@@ -27,6 +27,7 @@ class StepMetrics:
     acceptance_rate: float | None  # None without drafting
     acceptance_rate_per_position: list[float] = field(default_factory=list)
     k_histogram: dict = field(default_factory=dict)  # {live-batch range: {k: steps}} (engine metrics)
+    drafts_by_source: dict = field(default_factory=dict)  # {drafter: {num_drafts, mean_acceptance_length}}
     rollout_s: float = 0.0
     wait_s: float = 0.0  # trainer time spent waiting for the batch (async: < rollout_s when overlapped)
     train_s: float = 0.0
