@@ -27,7 +27,7 @@ from bebop.engine.compiled import COMPILE_CHOICES, check_compile, compile_second
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.names import ROLLOUT_ENGINES
 from bebop.engine.speculative import AUTO, DEFAULT_MAX_K, check_drafter, check_spec_flags, parse_k, speculative_rollout_fn
-from bebop.engine.step_costs import step_costs
+from bebop.engine.step_costs import step_costs, without_head
 from bebop.engine.suffix_drafter import DRAFTERS
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
@@ -59,8 +59,8 @@ class DecodeSpec:
     vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this "
                            "one)", identity=False)
     drafter: str = opt("mtp", "what drafts with --spec: the model's MTP head; suffix: the rollouts' own text (the "
-                       "group's siblings, earlier responses to the same prompt, the prompt; any model, no head; a "
-                       "fixed --k); both: per row the text's continuation where its match is long, else the head",
+                       "group's siblings, earlier responses to the same prompt, the prompt; any model, no head); "
+                       "both: per row the text's continuation where its match is long, else the head",
                        choices=DRAFTERS, identity=False)
 
     def __post_init__(self) -> None:
@@ -77,7 +77,7 @@ class DecodeSpec:
             raise BebopError("--vllm-python needs --engine vllm")
         if self.engine == "vllm" and self.k == AUTO:
             raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
-        check_drafter(self.drafter, self.k if self.drafts else 3)  # an unknown drafter; suffix with --k auto
+        check_drafter(self.drafter)
         if self.engine == "vllm" and self.drafter != "mtp":
             raise BebopError(f"--drafter {self.drafter} needs bebop's engine (--engine bebop)")
 
@@ -110,10 +110,10 @@ def generate_fn(spec: DecodeSpec, sink: list[SpecMetrics], controller: AdaptiveK
 def auto_controller(model: CausalLM, spec: DecodeSpec, rows: int, sampling: SamplingParams) -> AdaptiveK | None:
     """With k = "auto": a controller over the model's step costs (profiled through its compiled steps when they are:
     compile first), else None."""
-    if spec.k != AUTO or not spec.needs_head:
+    if spec.k != AUTO or not spec.drafts:
         return None
     costs = step_costs(model, max_rows=rows, max_k=spec.max_k, mode=spec.spec, sampling=sampling)
-    return AdaptiveK(spec.max_k, costs)
+    return AdaptiveK(spec.max_k, without_head(costs) if spec.drafter == "suffix" else costs)
 
 
 @dataclass

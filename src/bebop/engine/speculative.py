@@ -43,7 +43,7 @@ from bebop.engine.records import Generation
 from bebop.engine.refresh_log import RefreshLog
 from bebop.engine.rows import Observer, RowBook
 from bebop.engine.spec_step import step_draws
-from bebop.engine.step_costs import step_costs
+from bebop.engine.step_costs import step_costs, without_head
 from bebop.engine.suffix_drafter import DRAFTERS, MIN_MATCH, SourceChooser, SuffixDrafter, point_mass_drafts
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
@@ -114,13 +114,13 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     the caller across calls so that earlier responses to the same prompts draft too; by default this call's) or
     "both" (per row, the index's continuation where its match is long, else the head's draft)."""
     check_spec(mode, k, max_k)
-    check_drafter(drafter, k)
+    check_drafter(drafter)
     if drafter != "suffix":
         model.require_mtp()
     check_prompts(prompts, model.config.max_position_embeddings, model.config.vocab_size)
     if k == AUTO and controller is None:
-        controller = AdaptiveK(max_k, step_costs(model, max_rows=len(prompts), max_k=max_k, mode=mode,
-                                                 sampling=sampling))
+        costs = step_costs(model, max_rows=len(prompts), max_k=max_k, mode=mode, sampling=sampling)
+        controller = AdaptiveK(max_k, without_head(costs) if drafter == "suffix" else costs)
     run = _SpeculativeRun(model, prompts, k=max_k if isinstance(k, str) else k, mode=mode, max_new_tokens=max_new_tokens,
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
@@ -135,12 +135,9 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     return run.book.rows, run.metrics
 
 
-def check_drafter(drafter: str, k: int | str) -> None:
+def check_drafter(drafter: str) -> None:
     if drafter not in DRAFTERS:
         raise BebopError(f"unknown --drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
-    if drafter == "suffix" and k == AUTO:
-        raise BebopError("--drafter suffix drafts a fixed --k (at most K tokens a step, fewer where the match is "
-                         "shorter); --k auto's costs are the head's")
 
 
 def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, max_k: int = DEFAULT_MAX_K,
@@ -149,7 +146,7 @@ def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, 
     """A generate function for rollout.run_episodes that drafts with `drafter` and appends each call's metrics to
     `sink` (k="auto": `controller` carries the acceptance estimate and costs across calls; a suffix drafter's
     `index` carries the earlier calls' text)."""
-    check_drafter(drafter, k)
+    check_drafter(drafter)
     index = (SuffixIndex() if index is None else index) if drafter != "mtp" else None
 
     def run(model: CausalLM, prompts, **kwargs) -> list[Generation]:
@@ -204,7 +201,7 @@ class _SpeculativeRun:
         generating = len(live_rows(self.book, self.live))  # the live batch less the finished riding along
         pending = [self.book.pending[row] for row in self.live]
         if self.mtp_cache is None:  # the suffix drafter alone
-            k, drafting, drafts, draft_probs = self._suffix_drafts(pending)
+            k, drafting, drafts, draft_probs = self._suffix_drafts(pending, generating)
             typical = all(len(p) == 1 for p in pending if p)
             draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
         else:
@@ -227,20 +224,23 @@ class _SpeculativeRun:
         self._emit(k, pending, drafting, host, hidden)
         typical = typical and compile_seconds(self.model) == compiling  # a step that compiled a graph is warm-up
         if self.controller and typical:  # a decode step with no catch-up: its time fits the cost model
-            self.controller.observe(generating, k, time.perf_counter() - t0,
-                                    [int(h[-1]) for h, d in zip(host, drafting) if d])
+            asked = [d or (self.mtp_cache is None and len(fed) == 1) for d, fed in zip(drafting, pending)]
+            self.controller.observe(generating, k, time.perf_counter() - t0,  # a row the text had nothing for: 0
+                                    [int(h[-1]) if d else 0 for h, d, a in zip(host, drafting, asked) if a])
         self.metrics.record_step(generating, k)
         self.cache.rollback(torch.tensor(self.trunk_len, device=self.model.device), span=max(self.trunk_len))
         self._leave_finished()
 
-    def _suffix_drafts(self, pending: list[list[int]]):
-        """The index's proposals for rows whose next input is their last token: the step verifies the longest (at
-        most K); a step where none matches is plain -> (k, drafting (R,), drafts (R, k), draft_probs (R, k, V))."""
+    def _suffix_drafts(self, pending: list[list[int]], generating: int):
+        """The index's proposals for rows whose next input is their last token: the step verifies the longest, at
+        most K (with --k auto, at most the controller's choice); a step where none matches is plain -> (k, drafting
+        (R,), drafts (R, k), draft_probs (R, k, V))."""
         assert self.suffix is not None
         self.suffix.sync(self.live)
         found = [(p, n) if len(fed) == 1 else ([], 0) for (p, n), fed in zip(self.suffix.propose(self.live, self.k),
                                                                            pending)]
-        proposals, self.matches = [p for p, _ in found], [n for _, n in found]
+        limit = self.choose_k([bool(p) for p, _ in found], generating)
+        proposals, self.matches = [p[:limit] for p, _ in found], [n if p[:limit] else 0 for p, n in found]
         k = max(map(len, proposals), default=0)
         drafts, draft_probs = point_mass_drafts(proposals, k, self.model.config.vocab_size, self.model.device)
         return k, [bool(p) for p in proposals], drafts, draft_probs

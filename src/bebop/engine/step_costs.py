@@ -122,6 +122,14 @@ def step_costs(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
     return costs
 
 
+def without_head(costs: StepCosts) -> StepCosts:
+    """The same verify costs with a free drafter (drafts from the rollouts' text: no head forward), corrected by
+    its own measured steps."""
+    out = StepCosts(costs.trunk, {rows: 0.0 for rows in costs.mtp}, costs.max_k)
+    out.compiled = costs.compiled
+    return out
+
+
 def profile_rows(max_rows: int) -> list[int]:
     rows = [1]
     while rows[-1] * 4 < max_rows:

@@ -9,16 +9,16 @@ the longest match of the row's last tokens (prompt-lookup decoding; Seer's group
     tokens, match, seen = index.propose(doc, k)   # up to k tokens; the match's length and how often it occurred
     index.close_call()                       # the call's rows become history (bounded: below)
 
-Structure: per distinct prompt (a group), a hash table from every n-gram of its documents (n = 1 .. max_match
-tokens, those with a next token) to its latest occurrence and its count. A lookup is at most max_match dictionary
-probes and an emitted token max_match inserts: microseconds per row, independent of how much text the group holds
-(a suffix automaton answers unbounded matches in the same time; matches longer than max_match add nothing a draft
-of at most 8 tokens can use). An n-gram maps to its latest occurrence: a sibling's newest text, a row's own
-repetition, or the prompt.
+Structure: per distinct prompt (a group), a hash table from every n-gram of its documents (n in MATCH_LENGTHS,
+those with a next token) to its latest occurrence and its count. A lookup is at most len(MATCH_LENGTHS) dictionary
+probes and an emitted token as many inserts: microseconds per row, independent of how much text the group holds (a
+suffix automaton answers unbounded matches in the same time; a match longer than 8 tokens adds little a draft of
+at most 8 tokens can use, and lengths between the ones indexed are found at the next shorter one). An n-gram maps
+to its latest occurrence: a sibling's newest text, a row's own repetition, or the prompt.
 
 Memory: at most `max_docs` documents per group (the oldest finished responses dropped first; table entries that
 point to a dropped one are removed when a lookup meets them) and `max_groups` groups (the least recently opened
-dropped whole): at most max_groups x max_docs responses of text and max_match table entries per token of it.
+dropped whole): at most max_groups x max_docs responses of text and len(lengths) table entries per token of it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-MAX_MATCH = 8  # the longest n-gram indexed (tokens)
+MATCH_LENGTHS = (1, 2, 4, 8)  # the n-grams indexed (tokens): a match is the longest of these that occurred
 
 
 @dataclass
@@ -39,16 +39,16 @@ class _Doc:
 
 @dataclass
 class _Group:
-    table: dict[tuple[int, ...], list] = field(default_factory=dict)  # n-gram -> [doc id, end position, count]
+    table: dict[tuple[int, ...], tuple[int, int, int]] = field(default_factory=dict)  # n-gram -> (doc, end, count)
     docs: OrderedDict[int, list[int]] = field(default_factory=OrderedDict)  # doc id -> tokens, oldest first
     prompt_id: int = -1  # the document that is the prompt itself (kept while the group is)
 
 
 class SuffixIndex:
-    def __init__(self, max_match: int = MAX_MATCH, max_docs: int = 64, max_groups: int = 1024) -> None:
-        if not (max_match >= 1 and max_docs >= 2 and max_groups >= 1):
-            raise ValueError("need max_match >= 1, max_docs >= 2 and max_groups >= 1")
-        self.max_match, self.max_docs, self.max_groups = max_match, max_docs, max_groups
+    def __init__(self, lengths: tuple[int, ...] = MATCH_LENGTHS, max_docs: int = 64, max_groups: int = 1024) -> None:
+        if not (lengths and min(lengths) >= 1 and max_docs >= 2 and max_groups >= 1):
+            raise ValueError("need n-gram lengths >= 1, max_docs >= 2 and max_groups >= 1")
+        self.lengths, self.max_docs, self.max_groups = tuple(sorted(set(lengths))), max_docs, max_groups
         self._groups: OrderedDict[tuple[int, ...], _Group] = OrderedDict()
         self._open: dict[int, _Doc] = {}  # this call's rows
         self._next_id = 0
@@ -76,15 +76,14 @@ class SuffixIndex:
 
     def _index(self, group: _Group, doc_id: int, tokens: list[int], start: int) -> int:
         """Index the n-grams ending at start .. len - 2 (each has a next token) -> the new indexed bound."""
-        table, top = group.table, self.max_match
+        table, lengths, get = group.table, self.lengths, group.table.get
         for end in range(start, len(tokens) - 1):
-            for n in range(1, min(top, end + 1) + 1):
+            for n in lengths:
+                if n > end + 1:
+                    break
                 key = tuple(tokens[end - n + 1:end + 1])
-                entry = table.get(key)
-                if entry is None:
-                    table[key] = [doc_id, end, 1]
-                else:
-                    entry[0], entry[1], entry[2] = doc_id, end, entry[2] + 1
+                old = get(key)
+                table[key] = (doc_id, end, old[2] + 1 if old else 1)
         return max(start, len(tokens) - 1)
 
     def extend(self, doc_id: int, tokens: Sequence[int]) -> None:
@@ -100,7 +99,9 @@ class SuffixIndex:
         length, how often that n-gram occurred); ([], 0, 0) when nothing matches."""
         doc = self._open[doc_id]
         tokens, table, docs = doc.tokens, doc.group.table, doc.group.docs
-        for n in range(min(self.max_match, len(tokens)), 0, -1):
+        for n in reversed(self.lengths):
+            if n > len(tokens):
+                continue
             key = tuple(tokens[len(tokens) - n:])
             entry = table.get(key)
             if entry is None:
@@ -122,7 +123,7 @@ class SuffixIndex:
             dropped = [d for d in group.docs if d != group.prompt_id][:max(0, len(group.docs) - self.max_docs)]
             for doc_id in dropped:
                 del group.docs[doc_id]
-            if len(group.table) > 2 * self.max_match * sum(len(t) for t in group.docs.values()):
+            if len(group.table) > 2 * len(self.lengths) * sum(len(t) for t in group.docs.values()):
                 group.table.clear()
                 for doc_id, tokens in group.docs.items():
                     self._index(group, doc_id, tokens, 0)
