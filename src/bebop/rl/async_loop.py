@@ -19,7 +19,7 @@ The trainer still drops a batch whose staleness (trainer version - batch version
 max_staleness (a guard; the wait makes it unreachable in a normal run) and counts it. torch
 releases the GIL inside ops, so generation and training overlap on one machine;
 `rollout_threads` / `train_threads` split the cores between them (torch's thread count is per
-thread), which on a 2-core machine beats both sharing both cores (docs/benchmarks.md).
+thread), which on a small machine can beat both sharing every core (docs/benchmarks.md measures it).
 """
 
 from __future__ import annotations
