@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--batch-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--task", default="math")
+    parser.add_argument("--data", default="", help="prompts from this file instead of --task (every step an epoch when "
+                        "it holds --batch-prompts rows), scored with --reward math")
     parser.add_argument("--difficulty", type=int, default=1,
                         help="task difficulty; 3 is the long-response configuration (math: longer worked answers, "
                              "where rollouts are most of the step)")
@@ -77,7 +79,8 @@ def main() -> None:
     base = None
     for run in map(parse_run, args.runs.split(",")):
         cfg = from_flat(RLConfig, dict(
-            model=args.model, task=args.task, steps=args.steps, mode=run["mode"], spec=run["spec"],
+            model=args.model, task=args.task, steps=args.steps,
+            **({"data": args.data, "reward": "math"} if args.data else {}), mode=run["mode"], spec=run["spec"],
             **({"k": parse_k(args.k)} if run["spec"] != "off" else {}), group_size=args.group_size,
             batch_prompts=args.batch_prompts, difficulty=args.difficulty, max_new_tokens=args.max_new_tokens,
             save_every=args.steps, rollout_threads=run["rollout_threads"], train_threads=run["train_threads"],
