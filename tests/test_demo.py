@@ -20,7 +20,7 @@ from bebop.study.layout import DemoLayout
 
 PLOTS = {"loss_table.png", "entropy_law.png", "entropy_bins.png", "rl_step_time.png", "rl_reward.png", "rl_acceptance.png",
          "rl_online.png", "rl_entropy.png"}
-RUNS = ["sync-off", "sync-rs", "sync-rs-online-ce", "async-off", "async-rs"]
+RUNS = ["sync-off", "sync-rs", "sync-rs-both", "sync-rs-suffix", "sync-rs-online-ce", "async-off", "async-rs"]
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +187,26 @@ def _slope_cell(xs, ys, scale=1.0) -> str:
     return f"{cell(scale * slope)} [{cell(scale * (slope - half))}, {cell(scale * (slope + half))}]"
 
 
+def test_the_drafters_table_is_the_saved_values(demo):
+    """Section 5's drafter table: the sync rs runs with each drafter, their rollouts against sync-off's, and the
+    drafts each source made, summed over the runs' metrics."""
+    t = tables((demo / "report.md").read_text())
+    rows = {r["run"]: r for r in t["drafter"]}
+    assert [(r["run"], r["drafter"]) for r in rows.values()] == [("sync-rs", "mtp"), ("sync-rs-both", "both"),
+                                                                 ("sync-rs-suffix", "suffix")]
+    off = statistics.median(m["rollout_s"] for m in metrics(demo, "sync-off") if m["step"] > 1)
+    for name, r in rows.items():
+        got = metrics(demo, name)
+        assert same(r["rollout speedup"], off / statistics.median(m["rollout_s"] for m in got if m["step"] > 1), 2)
+        drafts: dict = {}
+        for m in got:
+            for source, by in m["drafts_by_source"].items():
+                drafts[source] = drafts.get(source, 0) + by["num_drafts"]
+        assert [cell.split(" (")[0] for cell in r["drafts by source"].split(", ")] == \
+            [f"{s} {n}" for s, n in sorted(drafts.items())] or (not drafts and r["drafts by source"] == "-")
+    assert set(metrics(demo, "sync-rs-suffix")[-1]["drafts_by_source"]) <= {"suffix"}
+
+
 def test_online_and_rl_entropy_sections_are_the_saved_values(demo):
     t = tables((demo / "report.md").read_text())
     online = metrics(demo, "sync-rs-online-ce")
@@ -321,6 +341,8 @@ def test_full_default_sizes():
     cfg.validate()
     assert cfg.losses == ("ce", "e2e_tv") and cfg.k == 3 and cfg.temperatures == (0.3, 0.5, 0.7, 1.0, 1.3)
     runs = cfg.rl_configs(Path("m"))
-    assert set(runs) == {(m, s, "none") for m in ("sync", "async") for s in ("off", "rs")} | {("sync", "rs", "ce")}
-    assert runs[("sync", "rs", "ce")].mtp_update == "ce" and runs[("sync", "rs", "none")].mtp_update == "none"
+    assert set(runs) == ({(m, s, "none", "mtp") for m in ("sync", "async") for s in ("off", "rs")}
+                         | {("sync", "rs", "ce", "mtp"), ("sync", "rs", "none", "suffix"), ("sync", "rs", "none", "both")})
+    assert runs[("sync", "rs", "ce", "mtp")].mtp_update == "ce" and runs[("sync", "rs", "none", "mtp")].mtp_update == "none"
+    assert runs[("sync", "rs", "none", "suffix")].decode.drafter == "suffix"
     assert len({(c.seed, c.steps, c.group_size, c.batch_prompts) for c in cfg.rl_configs(Path("m")).values()}) == 1

@@ -60,9 +60,10 @@ class DemoConfig:
     2. heads ce + e2e_tv        192 self-distilled samples, then 2 x 100 steps   ~0.5 min + 2 x ~2.6 min
                                 x 16 sequences over 5 depths
     3. sweep                    2 heads x {RS, TO} x 5 temperatures, 32 prompts  ~1 min
-    4. RL                       5 runs x 8 steps x (8 prompts x 8 samples),      ~6 min (6-8 s per step,
-                                up to 384 tokens, k auto; the fifth updates     ~13 with the online update)
-                                the head online (ce)
+    4. RL                       7 runs x 8 steps x (8 prompts x 8 samples),      ~6 min (6-8 s per step,
+                                up to 384 tokens, k auto; the fifth updates     ~13 with the online update;
+                                the head online (ce), the sixth and seventh     the drafter runs: 2.0-2.3 s a step
+                                draft from the rollouts' text (suffix, both)    in rl_step.py, 2026-12-03)
     Times from one real run (docs/example-report); the report has its own stage-time table.
     """
 
@@ -95,6 +96,7 @@ class DemoConfig:
     rl_modes: tuple = ("sync", "async")
     rl_specs: tuple = ("off", "rs")
     rl_online: tuple = ("ce",)  # online MTP strategies run as sync rs beside the frozen head (report 5b)
+    rl_drafters: tuple = ("suffix", "both")  # other drafters run as sync rs beside the head's (report 5c)
     rl_steps: int = 8
     rl_group_size: int = 8
     rl_batch_prompts: int = 8
@@ -141,17 +143,19 @@ class DemoConfig:
                                      ce_warmup_steps=0 if loss == "ce" else int(self.head_ce_warmup * self.head_steps))
                 for loss in self.losses}
 
-    def rl_configs(self, model: Path) -> dict[tuple[str, str, str], RLConfig]:
-        """(mode, spec, online MTP strategy) -> its run's config."""
-        runs = [(mode, spec, "none") for mode in self.rl_modes for spec in self.rl_specs]
-        runs += [("sync", "rs", update) for update in self.rl_online if update != "none"]
-        return {(mode, spec, update): RLConfig(
+    def rl_configs(self, model: Path) -> dict[tuple[str, str, str, str], RLConfig]:
+        """(mode, spec, online MTP strategy, drafter) -> its run's config."""
+        runs = [(mode, spec, "none", "mtp") for mode in self.rl_modes for spec in self.rl_specs]
+        runs += [("sync", "rs", update, "mtp") for update in self.rl_online if update != "none"]
+        runs += [("sync", "rs", "none", drafter) for drafter in self.rl_drafters if drafter != "mtp"]
+        return {(mode, spec, update, drafter): RLConfig(
             model=str(model), task=self.task, steps=self.rl_steps, mode=mode,
-            decode=DecodeSpec(spec=spec, k=self.rl_k if spec != "off" else DecodeSpec.k), group_size=self.rl_group_size,
+            decode=DecodeSpec(spec=spec, k=self.rl_k if spec != "off" else DecodeSpec.k, drafter=drafter),
+            group_size=self.rl_group_size,
             batch_prompts=self.rl_batch_prompts, max_new_tokens=self.rl_max_new_tokens, seed=self.seed,
             save_every=self.rl_save_every, mtp_update=update,
             rollout_threads=self.rl_rollout_threads if mode == "async" else 0,
-            train_threads=self.rl_train_threads if mode == "async" else 0) for mode, spec, update in runs}
+            train_threads=self.rl_train_threads if mode == "async" else 0) for mode, spec, update, drafter in runs}
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(asdict(self)))  # tuples -> lists, as read back from the file
@@ -253,11 +257,12 @@ def stage_sweep(layout: DemoLayout, cfg: DemoConfig, loss: str, progress: bool, 
 
 
 def stage_rl(layout: DemoLayout, rcfg: RLConfig, progress: bool, device: str) -> None:
-    run = layout.rl_dir(rcfg.mode, rcfg.decode.spec, rcfg.mtp_update)
+    run = layout.rl_dir(rcfg.mode, rcfg.decode.spec, rcfg.mtp_update, rcfg.decode.drafter)
     if (run / FINAL_MODEL / "config.json").is_file():
         return
     resume = (run / RL_CONFIG_FILE).is_file()
     online = "" if rcfg.mtp_update == "none" else f", head updated online ({rcfg.mtp_update})"
+    online += "" if rcfg.decode.drafter == "mtp" else f", drafts from {rcfg.decode.drafter}"
     say(f"{'resuming' if resume else 'running'} GRPO {rcfg.mode}, spec {rcfg.decode.spec}{online} in {run} ({rcfg.steps} steps, "
         f"{rcfg.batch_prompts} prompts x {rcfg.group_size} samples)")
     train_rl(run, rcfg, resume=resume, progress=progress, device=device)

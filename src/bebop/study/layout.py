@@ -67,8 +67,8 @@ class DemoLayout:
     def sweep_result(self, loss: str) -> Path:
         return self.results / f"sweep-{loss}.json"
 
-    def rl_dir(self, mode: str, spec: str, update: str = "none") -> Path:
-        return self.root / "rl" / rl_name(mode, spec, update)
+    def rl_dir(self, mode: str, spec: str, update: str = "none", drafter: str = "mtp") -> Path:
+        return self.root / "rl" / rl_name(mode, spec, update, drafter)
 
     @property
     def report(self) -> Path:
@@ -79,6 +79,8 @@ class DemoLayout:
         return self.root / PLOTS_DIR
 
 
-def rl_name(mode: str, spec: str, update: str = "none") -> str:
-    """<mode>-<spec>, and -online-<strategy> for a run that updates its head online (RLConfig.mtp_update)."""
-    return f"{mode}-{spec}" + ("" if update == "none" else f"{ONLINE_TAG}{update}")
+def rl_name(mode: str, spec: str, update: str = "none", drafter: str = "mtp") -> str:
+    """<mode>-<spec>, -<drafter> for a run that drafts other than with the head (--drafter suffix | both), and
+    -online-<strategy> for a run that updates its head online (RLConfig.mtp_update)."""
+    return (f"{mode}-{spec}" + ("" if drafter == "mtp" else f"-{drafter}")
+            + ("" if update == "none" else f"{ONLINE_TAG}{update}"))

@@ -17,7 +17,7 @@ from bebop.fileio import atomic_write_text
 from bebop.study.entropy_law import PAPER_SLOPES, LinearFit, fit_line
 from bebop.study.layout import DemoLayout
 from bebop.study.report_format import f3, missing, per_pos, slope_cell, table
-from bebop.study.report_rl import section_online, section_rl, section_rl_entropy, write_rl_plots
+from bebop.study.report_rl import section_drafters, section_online, section_rl, section_rl_entropy, write_rl_plots
 from bebop.study.results import MODE_NAMES, TV_LOSSES, DemoResults, load_results
 
 __all__ = ["load_results", "render_markdown", "write_report"]
@@ -231,7 +231,8 @@ def render_markdown(res: DemoResults) -> str:
                  f"RL {cfg.get('rl_steps')} steps per run. The full configuration: `demo_config.json`.", ""]
     head += ["Rebuild this page from the results saved beside it (nothing is rerun): `bebop report DIR`.", ""]
     body = section_policy(res) + section_loss_table(res) + section_sweep(res) + section_entropy_law(res) + \
-        section_entropy_per_token(res) + section_diagnostics(res) + section_rl(res) + section_online(res) + \
+        section_entropy_per_token(res) + section_diagnostics(res) + section_rl(res) + section_drafters(res) + \
+        section_online(res) + \
         section_rl_entropy(res) + section_stage_times(res)
     return "\n".join(head + body).rstrip() + "\n"
 

@@ -3,6 +3,7 @@
     5   step time, speedup, acceptance and reward of every run; reward with and without speculation
     5b  online MTP strategies: the same run with the head frozen (none) and updated online
     5c  acceptance against the policy's entropy across RL steps (the paper's own axis)
+    5d  drafters: the head's drafts, the rollouts' own text (suffix) and both, side by side
 """
 
 from __future__ import annotations
@@ -105,6 +106,51 @@ def section_lossless(res: DemoResults) -> list[str]:
               "noise; same seeds, but not token for token (the draft consumes random numbers).", ""]
     return lines + table(["mode", "spec", "reward (spec off)", "reward (spec on)", "difference", "s.e.", "within 2 s.e."],
                           rows) + ["", "![reward curves](plots/rl_reward.png)", ""]
+
+
+# ---- 5d. drafters ------------------------------------------------------------------------------------
+
+def drafter_of(run: RLRun) -> str:
+    return (run.config or {}).get("drafter", "mtp")
+
+
+def by_source(run: RLRun) -> dict[str, tuple[int, float]]:
+    """Drafts and mean accept length per source over every logged step (metrics' drafts_by_source)."""
+    drafts: dict[str, int] = {}
+    accepted: dict[str, float] = {}
+    for row in run.rows:
+        for source, got in (row.get("drafts_by_source") or {}).items():
+            drafts[source] = drafts.get(source, 0) + got["num_drafts"]
+            accepted[source] = accepted.get(source, 0.0) + got["num_drafts"] * (got["mean_acceptance_length"] - 1)
+    return {s: (n, 1 + accepted[s] / n if n else 1.0) for s, n in sorted(drafts.items())}
+
+
+def section_drafters(res: DemoResults) -> list[str]:
+    """The sync rs runs that differ only in their drafter, beside the run without speculation."""
+    runs = [run for run in res.rl.values() if base_run(run.name) == run.name and run.name.startswith("sync-rs")
+            and online_strategy(run.name) == "none"]
+    lines = ["### Drafters: the head, the rollouts' own text, both", ""]
+    if len({drafter_of(run) for run in runs}) < 2:
+        return lines + missing("sync rs runs with --drafter mtp and suffix or both (DemoConfig.rl_drafters)")
+    off = res.rl.get("sync-off")
+    base = step_times(off, res.warmup) if off is not None else None
+    rows = []
+    for run in sorted(runs, key=lambda r: ("mtp", "both", "suffix").index(drafter_of(r)) if drafter_of(r) in
+                      ("mtp", "both", "suffix") else 9):
+        st = step_times(run, res.warmup)
+        if st is None:
+            continue
+        accept = sum(r["mean_acceptance_length"] for r in run.rows) / len(run.rows)
+        sources = ", ".join(f"{s} {n} ({a:.2f})" for s, (n, a) in by_source(run).items()) or "-"
+        rows.append([drafter_of(run), run.name, f3(st.rollout_s),
+                     f2(base.rollout_s / st.rollout_s) if base is not None and st.rollout_s > 0 else "-",
+                     f2(base.step_s / st.step_s) if base is not None and st.step_s > 0 else "-", f3(accept), sources])
+    lines += ["The same GRPO run with each drafter (`--drafter`): the head's drafts, drafts from the rollouts' own "
+              "text (the group's siblings, earlier responses to the same prompt, the prompt: no head forward) and, "
+              "per row, whichever has paid better. Rollout and step speedups are over sync-off's medians; drafts by "
+              "source: count (mean accept length) over every logged step.", ""]
+    return lines + table(["drafter", "run", "rollout_s", "rollout speedup", "step speedup", "mean accept length",
+                          "drafts by source"], rows) + [""]
 
 
 # ---- 5b. online MTP strategies ---------------------------------------------------------------------

@@ -27,7 +27,7 @@ RUN_SPECS = ("off", "to", "rs")
 
 @dataclass
 class RLRun:
-    name: str  # <mode>-<spec>[-online-<strategy>] (layout.rl_name)
+    name: str  # <mode>-<spec>[-<drafter>][-online-<strategy>] (layout.rl_name)
     config: dict  # RUN_DIR/config.json
     rows: list[dict]  # RUN_DIR/metrics.jsonl
     log: str  # the metrics file, relative to the demo directory
@@ -97,7 +97,9 @@ def online_strategy(name: str) -> str:
 
 
 def _run_order(name: str) -> tuple:
-    """sync before async, spec off before to before rs, the frozen head before online updates, then by name."""
-    mode, _, spec = base_run(name).partition("-")
+    """sync before async, spec off before to before rs, the frozen head before online updates, the head's drafts
+    before other drafters', then by name."""
+    mode, _, rest = base_run(name).partition("-")
+    spec, _, drafter = rest.partition("-")
     return (RUN_MODES.index(mode) if mode in RUN_MODES else 9, RUN_SPECS.index(spec) if spec in RUN_SPECS else 9,
-            online_strategy(name) != "none", name)
+            online_strategy(name) != "none", drafter, name)
