@@ -140,6 +140,11 @@ def test_generate_and_rl_draft_from_their_own_text_on_a_model_without_a_head(hf_
     rows = read_metrics(tmp_path / "run")
     assert all(r["acceptance_rate"] is not None for r in rows) and rows[-1]["mean_acceptance_length"] > 1
     assert set(rows[-1]["drafts_by_source"]) == {"suffix"} and rows[-1]["drafts_by_source"]["suffix"]["num_drafts"] > 0
+    import json
+
+    dumped = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step-000002.jsonl").read_text().splitlines()]
+    per_row = [d["drafts_by_source"].get("suffix", {"drafts": 0})["drafts"] for d in dumped]
+    assert sum(per_row) == rows[-1]["drafts_by_source"]["suffix"]["num_drafts"]  # the step's drafts, row by row
 
 
 @pytest.fixture(scope="module", params=["float32", "compiled"])
@@ -224,3 +229,11 @@ def test_metrics_count_drafts_by_source():
     merged = a.merge(b).to_dict()["by_source"]
     assert merged == {"mtp": {"num_drafts": 1, "mean_acceptance_length": 3.0},
                       "suffix": {"num_drafts": 2, "mean_acceptance_length": 3.0}}
+
+
+def test_the_progress_bar_shows_each_sources_accept_length_when_there_are_two():
+    from bebop.rl.loop import _by_source_postfix
+
+    both = {"mtp": {"num_drafts": 9, "mean_acceptance_length": 4.5}, "suffix": {"num_drafts": 3, "mean_acceptance_length": 2.137}}
+    assert _by_source_postfix(both) == {"mtp": "4.50", "suffix": "2.14"}
+    assert _by_source_postfix({"mtp": both["mtp"]}) == {}  # one source: the bar's accept_len says it

@@ -28,6 +28,7 @@ class Generation:
     policy_mask: list[bool] = field(default_factory=list)
     finish_reason: str | None = None
     forwards: int = 0  # target forwards that emitted tokens for this row (tokens / forwards: its accept length)
+    drafts_by_source: dict[str, list[int]] = field(default_factory=dict)  # drafter -> [drafts, accepted tokens]
 
     @property
     def done(self) -> bool:

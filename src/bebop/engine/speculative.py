@@ -302,7 +302,10 @@ class _SpeculativeRun:
             kept = self.book.emit(row, toks, host[i][k + 1: k + 2 + n_acc], ents)
             if drafting[i]:  # ents[d - 1] is H(p_d)
                 match = self.matches[i] if self.matches else 0
-                self.metrics.record_draft(n_acc, k, ents, sequence=row, source="suffix" if match else "mtp")
+                source = "suffix" if match else "mtp"
+                self.metrics.record_draft(n_acc, k, ents, sequence=row, source=source)
+                counts_here = self.book.rows[row].drafts_by_source.setdefault(source, [0, 0])
+                counts_here[0], counts_here[1] = counts_here[0] + 1, counts_here[1] + n_acc
                 if self.chooser is not None:
                     self.chooser.observe(match, n_acc)
             self.metrics.record_emitted(ents[:kept])

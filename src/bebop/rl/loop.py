@@ -283,7 +283,8 @@ def _run_steps(out: Path, cfg: RLConfig, run: RunState, source: RolloutSource | 
             m, view = _step(step + 1, out, cfg, run, source, evaluator)
             if m is not None:
                 writer.write(asdict(m))
-                bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}")
+                bar.set_postfix(reward=f"{m.reward:.3f}", accept_len=f"{m.mean_acceptance_length:.2f}",
+                                **_by_source_postfix(m.drafts_by_source))
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
                 _save(out, step + 1, cfg, run, source, view)
             bar.update()
@@ -293,6 +294,13 @@ def _run_steps(out: Path, cfg: RLConfig, run: RunState, source: RolloutSource | 
         bar.close()
         writer.close()
         torch.set_num_threads(threads)
+
+
+def _by_source_postfix(by_source: dict) -> dict:
+    """With more than one drafter: each source's accept length for the progress bar (e.g. suffix=2.14)."""
+    if len(by_source) < 2:
+        return {}
+    return {source: f"{got['mean_acceptance_length']:.2f}" for source, got in sorted(by_source.items())}
 
 
 def _step(step: int, out: Path, cfg: RLConfig, run: RunState, source: RolloutSource | None,

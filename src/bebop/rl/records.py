@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bebop.engine.metrics import SpecMetrics
 
@@ -17,6 +17,7 @@ class Rollout:
     policy_version: int  # the weights that sampled it
     truncated: bool = False  # cut by max_new_tokens (or the context) before a stop token
     target_forwards: int = 0  # target forwards that emitted its tokens (speculative: fewer than its tokens)
+    drafts_by_source: dict[str, list[int]] = field(default_factory=dict)  # drafter -> [drafts, accepted tokens]
 
     @property
     def acceptance_length(self) -> float | None:

@@ -133,7 +133,8 @@ class RolloutSampler:
         rollouts = [Rollout(ep.generation.prompt_ids, ep.generation.token_ids, ep.generation.logprobs,
                             ep.generation.policy_mask, ep.reward, policy_version,
                             truncated=ep.generation.finish_reason in TRUNCATED,
-                            target_forwards=ep.generation.forwards) for ep in episodes]
+                            target_forwards=ep.generation.forwards,
+                            drafts_by_source=ep.generation.drafts_by_source) for ep in episodes]
         summary = summarize(episodes)
         return RolloutBatch(rollouts, cfg.group_size, policy_version, index, rollout_s,
                             merged(sink, cfg.draft_depths) if sink else None, summary["pass_rate"], summary["mean_entropy"],
