@@ -1,6 +1,7 @@
-"""Shared pieces of the speculative-decoding tests: prompts, and drafters that replace the MTP head
+"""Shared pieces of the speculative-decoding tests: prompts, drafters that replace the MTP head
 with a known proposal (an oracle that is right except at a random depth; a mixture that is close
-to the target), so acceptance is ragged and the expected output is known."""
+to the target), so acceptance is ragged and the expected output is known, and the check that sampled
+rows follow the target."""
 
 import random
 
@@ -10,6 +11,7 @@ from bebop.sampling import warp_probs
 from bebop.sampling.warp import inverse_cdf
 
 from conftest import CHAR_CODEC
+from stats_helpers import assert_follows
 
 PROMPTS = ["Q: 12 + 7 = ?", "hello world", "a", "The price of 3 apples is", "xy", "0123456789"]
 EOS = CHAR_CODEC.eos_id
@@ -17,6 +19,20 @@ EOS = CHAR_CODEC.eos_id
 
 def ids_of(prompts):
     return [CHAR_CODEC.encode(p) for p in prompts]
+
+
+def assert_positions_follow(model, prompt, gens, params, positions):
+    """Rows sampled from one prompt: at each of `positions`, the tokens of the rows that share the most frequent
+    prefix before it follow the warped target after that prefix (chi-square, stats_helpers.assert_follows)."""
+    prefix, rows = [], list(gens)
+    for pos in range(max(positions) + 1):
+        tokens = torch.tensor([g.token_ids[pos] for g in rows])
+        if pos in positions:
+            with torch.no_grad():
+                p = warp_probs(model.logits(model(torch.tensor([prompt + prefix])))[0, -1], params)  # (V,)
+            assert_follows(tokens, p)
+        top = int(torch.bincount(tokens).argmax())
+        prefix, rows = prefix + [top], [g for g in rows if g.token_ids[pos] == top]
 
 
 

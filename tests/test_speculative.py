@@ -13,8 +13,7 @@ from bebop.model import load_model
 from bebop.sampling import SamplingParams, warp_probs
 
 from conftest import CHAR_CODEC
-from spec_helpers import EOS, PROMPTS, ids_of, mixture_drafter, oracle_drafter
-from stats_helpers import assert_follows
+from spec_helpers import EOS, PROMPTS, assert_positions_follow, ids_of, mixture_drafter, oracle_drafter
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16", "compiled"])
@@ -90,15 +89,7 @@ def test_sampled_output_is_lossless_end_to_end(dtype_model, monkeypatch):
     gens, metrics = spec.speculative_generate(dtype_model, [prompt] * n, k=2, mode="rs", max_new_tokens=3,
                                               sampling=params, generator=torch.Generator().manual_seed(0))
     assert 0.5 < metrics.acceptance_rate < 0.98  # accepted and rejected paths both exercised
-    first = torch.tensor([g.token_ids[0] for g in gens])
-    with torch.no_grad():
-        p1 = warp_probs(dtype_model.logits(dtype_model(torch.tensor([prompt])))[0, -1], params)  # (V,)
-    assert_follows(first, p1)
-    top = int(torch.bincount(first).argmax())
-    second = torch.tensor([g.token_ids[1] for g in gens if g.token_ids[0] == top])
-    with torch.no_grad():
-        p2 = warp_probs(dtype_model.logits(dtype_model(torch.tensor([prompt + [top]])))[0, -1], params)
-    assert_follows(second, p2)
+    assert_positions_follow(dtype_model, prompt, gens, params, positions=(0, 1))
 
 
 def test_logprobs_are_the_targets(spec_model):

@@ -13,11 +13,10 @@ from bebop.engine.compiled import compile_steps
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
 from bebop.model import load_model
-from bebop.sampling import SamplingParams, warp_probs
+from bebop.sampling import SamplingParams
 
 from conftest import CHAR_CODEC
-from spec_helpers import EOS, PROMPTS, ids_of
-from stats_helpers import assert_follows
+from spec_helpers import EOS, PROMPTS, assert_positions_follow, ids_of
 
 
 def test_the_index_proposes_a_siblings_continuation_then_history():
@@ -104,15 +103,7 @@ def test_sampled_output_is_lossless_with_point_mass_drafts(path_model):
                                               sampling=params, generator=torch.Generator().manual_seed(0),
                                               drafter="suffix", index=index)
     assert metrics.num_drafts > n / 2 and 200 < metrics.num_accepted_tokens < 0.9 * metrics.num_draft_tokens  # both
-    first = torch.tensor([g.token_ids[0] for g in gens])
-    with torch.no_grad():
-        p1 = warp_probs(path_model.logits(path_model(torch.tensor([prompt])))[0, -1], params)  # (V,)
-    assert_follows(first, p1)
-    top = int(torch.bincount(first).argmax())
-    second = torch.tensor([g.token_ids[1] for g in gens if g.token_ids[0] == top])
-    with torch.no_grad():
-        p2 = warp_probs(path_model.logits(path_model(torch.tensor([prompt + [top]])))[0, -1], params)
-    assert_follows(second, p2)
+    assert_positions_follow(path_model, prompt, gens, params, positions=(0, 1))
 
 
 def test_an_unknown_drafter_is_named(headless):
@@ -189,19 +180,7 @@ def test_sampled_output_is_lossless_with_both_drafters(headed_model):
                                               sampling=params, generator=torch.Generator().manual_seed(0),
                                               drafter="both", index=index)
     assert metrics.num_drafts > n / 2 and 200 < metrics.num_accepted_tokens < 0.9 * metrics.num_draft_tokens
-    first = torch.tensor([g.token_ids[1] for g in gens])  # the first drafted step's first token
-    top0 = int(torch.bincount(torch.tensor([g.token_ids[0] for g in gens])).argmax())
-    rows = [g for g in gens if g.token_ids[0] == top0]
-    second = torch.tensor([g.token_ids[1] for g in rows])
-    with torch.no_grad():
-        p = warp_probs(headed_model.logits(headed_model(torch.tensor([prompt + [top0]])))[0, -1], params)  # (V,)
-    assert_follows(second, p)
-    top1 = int(torch.bincount(second).argmax())
-    third = torch.tensor([g.token_ids[2] for g in rows if g.token_ids[1] == top1])
-    with torch.no_grad():
-        p = warp_probs(headed_model.logits(headed_model(torch.tensor([prompt + [top0, top1]])))[0, -1], params)
-    assert_follows(third, p)
-    assert first.numel() == n
+    assert_positions_follow(headed_model, prompt, gens, params, positions=(1, 2))  # the drafted steps' tokens
 
 
 def test_the_source_chooser_tries_a_match_length_then_follows_what_it_paid():

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> None:
             episodes = run_episodes(policy, task, problems, sampling=SamplingParams(args.temperature),
                                     max_new_tokens=args.max_new_tokens, generator=generator,
                                     batch_size=args.batch_size, on_batch=bar.update, generate_fn=decoder)
-    drafting = {"spec": args.spec, "mean_acceptance_length": decoder.metrics.mean_acceptance_length} \
-        if decoder.metrics is not None else {}
+    merged = decoder.metrics  # merged over the calls
+    drafting = {"spec": args.spec, "mean_acceptance_length": merged.mean_acceptance_length} if merged else {}
     print(json.dumps({"task": task.name, "temperature": args.temperature, "engine": args.engine, **drafting,
                       **summarize(episodes)}))

@@ -58,8 +58,7 @@ class SpecMetrics:
         verification reached: 1 .. min(k, num_accepted + 1)); `sequence`: the row it was drafted in; `source`: what
         drafted it (the head, "mtp", or the rollouts' text, "suffix")."""
         k = self.k if k is None else k
-        counts = self.by_source.setdefault(source, [0, 0])
-        counts[0], counts[1] = counts[0] + 1, counts[1] + num_accepted
+        count_draft(self.by_source, source, num_accepted)
         if self.draft_log is not None:
             reached = entropies[: min(k, num_accepted + 1)]
             self.draft_log += [(d + 1, h, d < num_accepted, sequence) for d, h in enumerate(reached)]
@@ -116,6 +115,12 @@ class SpecMetrics:
                                 for label, c in sorted(self.k_histogram.items(), key=lambda kv: int(kv[0].split("-")[0]))},
                 "by_source": {s: {"num_drafts": n, "mean_acceptance_length": 1 + a / n if n else 1.0}
                               for s, (n, a) in sorted(self.by_source.items())}}
+
+
+def count_draft(by_source: dict[str, list[int]], source: str, num_accepted: int) -> None:
+    """One verified draft from `source` with num_accepted tokens kept, into {source: [drafts, accepted tokens]}."""
+    counts = by_source.setdefault(source, [0, 0])
+    counts[0], counts[1] = counts[0] + 1, counts[1] + num_accepted
 
 
 def _apart(log: list, after: list) -> list:

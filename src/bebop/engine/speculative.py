@@ -38,13 +38,13 @@ import torch
 from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.compiled import EagerSteps, compile_seconds, steps_of
 from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, prefill_prompts, rows_to_keep
-from bebop.engine.metrics import SpecMetrics
+from bebop.engine.metrics import SpecMetrics, count_draft
 from bebop.engine.records import Generation
 from bebop.engine.refresh_log import RefreshLog
 from bebop.engine.rows import Observer, RowBook
 from bebop.engine.spec_step import step_draws
 from bebop.engine.step_costs import step_costs, without_head
-from bebop.engine.suffix_drafter import DRAFTERS, MIN_MATCH, SourceChooser, SuffixDrafter, point_mass_drafts
+from bebop.engine.suffix_drafter import DRAFTERS, MIN_MATCH, SourceChooser, SuffixDrafter, index_for, point_mass_drafts
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
 from bebop.model.qwen3 import CausalLM
@@ -125,7 +125,7 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
                controller=controller if k == AUTO else None, log_drafts=log_drafts,
-               drafter=drafter, index=(SuffixIndex() if index is None else index) if drafter != "mtp" else None)
+               drafter=drafter, index=index_for(drafter, index))
     try:
         while run.live:
             run.step()
@@ -147,7 +147,7 @@ def speculative_rollout_fn(k: int | str, mode: str, sink: list[SpecMetrics], *, 
     `sink` (k="auto": `controller` carries the acceptance estimate and costs across calls; a suffix drafter's
     `index` carries the earlier calls' text)."""
     check_drafter(drafter)
-    index = (SuffixIndex() if index is None else index) if drafter != "mtp" else None
+    index = index_for(drafter, index)  # one for every call: the earlier calls' text drafts too
 
     def run(model: CausalLM, prompts, **kwargs) -> list[Generation]:
         gens, metrics = speculative_generate(model, prompts, k=k, mode=mode, max_k=max_k, controller=controller,
@@ -177,6 +177,7 @@ class _SpeculativeRun:
                                   slack=max(k + 1, max_observation_tokens + 1))
         self.live = list(range(len(prompts)))
         self.cache = model.new_cache(len(prompts), capacity)
+        self.drafter = drafter
         self.suffix = SuffixDrafter(index, self.book, MIN_MATCH[drafter]) if index is not None else None
         self.chooser = SourceChooser() if drafter == "both" else None
         self.matches: list[int] = []  # this step, per live row: the match its draft continues (0: the head's)
@@ -200,7 +201,7 @@ class _SpeculativeRun:
         t0, compiling = time.perf_counter(), compile_seconds(self.model)
         generating = len(live_rows(self.book, self.live))  # the live batch less the finished riding along
         pending = [self.book.pending[row] for row in self.live]
-        if self.mtp_cache is None:  # the suffix drafter alone
+        if self.drafter == "suffix":  # the text alone: no head
             k, drafting, drafts, draft_probs = self._suffix_drafts(pending, generating)
             typical = all(len(p) == 1 for p in pending if p)
             draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
@@ -224,7 +225,7 @@ class _SpeculativeRun:
         self._emit(k, pending, drafting, host, hidden)
         typical = typical and compile_seconds(self.model) == compiling  # a step that compiled a graph is warm-up
         if self.controller and typical:  # a decode step with no catch-up: its time fits the cost model
-            asked = [d or (self.mtp_cache is None and len(fed) == 1) for d, fed in zip(drafting, pending)]
+            asked = [d or (self.drafter == "suffix" and len(fed) == 1) for d, fed in zip(drafting, pending)]
             self.controller.observe(generating, k, time.perf_counter() - t0,  # a row the text had nothing for: 0
                                     [int(h[-1]) if d else 0 for h, d, a in zip(host, drafting, asked) if a])
         self.metrics.record_step(generating, k)
@@ -235,25 +236,29 @@ class _SpeculativeRun:
         """The index's proposals for rows whose next input is their last token: the step verifies the longest, at
         most K (with --k auto, at most the controller's choice); a step where none matches is plain -> (k, drafting
         (R,), drafts (R, k), draft_probs (R, k, V))."""
-        assert self.suffix is not None
-        self.suffix.sync(self.live)
-        found = [(p, n) if len(fed) == 1 else ([], 0) for (p, n), fed in zip(self.suffix.propose(self.live, self.k),
-                                                                           pending)]
+        found = self._proposals(self.k, pending, lambda i, match: True)
         limit = self.choose_k([bool(p) for p, _ in found], generating)
         proposals, self.matches = [p[:limit] for p, _ in found], [n if p[:limit] else 0 for p, n in found]
         k = max(map(len, proposals), default=0)
         drafts, draft_probs = point_mass_drafts(proposals, k, self.model.config.vocab_size, self.model.device)
         return k, [bool(p) for p in proposals], drafts, draft_probs
 
+    def _proposals(self, k: int, pending: list[list[int]], allow) -> list[tuple[list[int], int]]:
+        """The index's continuations (up to k tokens) and match lengths for the live rows whose next input is their
+        last token and for which allow(row position, match length) holds; ([], 0) for the others."""
+        assert self.suffix is not None
+        self.suffix.sync(self.live)
+        return [(p, n) if len(fed) == 1 and allow(i, n) else ([], 0)
+                for i, ((p, n), fed) in enumerate(zip(self.suffix.propose(self.live, k), pending))]
+
     def _mix(self, pending, drafting, drafts: torch.Tensor, draft_probs: torch.Tensor):
         """The head's drafts (R, k), (R, k, V), with each drafting row whose index match is long and has paid as
         well as the head's drafts (SourceChooser) replaced by the continuation's point masses. Which source a row
         uses depends on its text and past steps alone: lossless either way."""
-        assert self.suffix is not None and self.chooser is not None
-        self.suffix.sync(self.live)
+        chooser = self.chooser
+        assert chooser is not None
         k = drafts.shape[1]
-        found = [(p, n) if d and len(fed) == 1 and self.chooser.prefer_suffix(n) else ([], 0)
-                 for (p, n), d, fed in zip(self.suffix.propose(self.live, k), drafting, pending)]
+        found = self._proposals(k, pending, lambda i, match: drafting[i] and chooser.prefer_suffix(match))
         proposals, self.matches = [p for p, _ in found], [n for _, n in found]
         use = torch.tensor([bool(p) for p in proposals], device=drafts.device)  # (R,)
         if not bool(use.any()):
@@ -304,8 +309,7 @@ class _SpeculativeRun:
                 match = self.matches[i] if self.matches else 0
                 source = "suffix" if match else "mtp"
                 self.metrics.record_draft(n_acc, k, ents, sequence=row, source=source)
-                counts_here = self.book.rows[row].drafts_by_source.setdefault(source, [0, 0])
-                counts_here[0], counts_here[1] = counts_here[0] + 1, counts_here[1] + n_acc
+                count_draft(self.book.rows[row].drafts_by_source, source, n_acc)
                 if self.chooser is not None:
                     self.chooser.observe(match, n_acc)
             self.metrics.record_emitted(ents[:kept])

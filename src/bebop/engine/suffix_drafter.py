@@ -77,6 +77,13 @@ class SourceChooser:
             self.suffix[match] = accepted if mean is None else self.DECAY * mean + (1 - self.DECAY) * accepted
 
 
+def index_for(drafter: str, index: SuffixIndex | None) -> SuffixIndex | None:
+    """The index a drafter drafts from: `index`, or a new one; None for the head alone."""
+    if drafter == "mtp":
+        return None
+    return SuffixIndex() if index is None else index
+
+
 def point_mass_drafts(proposals: Sequence[Sequence[int]], k: int, vocab: int,
                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """-> drafts (R, k), each proposal padded to k with its last token (a row without one: token 0; it does not

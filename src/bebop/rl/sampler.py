@@ -22,6 +22,7 @@ from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.compiled import compile_steps, expected_decode_steps
 from bebop.engine.metrics import SpecMetrics, merged
 from bebop.engine.records import TRUNCATED
+from bebop.engine.suffix_drafter import index_for
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
@@ -91,8 +92,8 @@ class RolloutSampler:
         """The engine the run's rollouts use: vLLM's, or bebop's plain or drafting with the head (metrics to `sink`)."""
         if self.vllm is not None:
             return self.vllm.engine
-        if self.suffix_index is None and self.cfg.decode.drafter != "mtp":
-            self.suffix_index = SuffixIndex()  # earlier steps' responses draft for later ones (every epoch)
+        if self.suffix_index is None:  # earlier steps' responses draft for later ones (every epoch)
+            self.suffix_index = index_for(self.cfg.decode.drafter, None)
         return generate_fn(self.cfg.decode, sink, self._controller(model, rows), self.suffix_index)
 
     def batch_seed(self, index: int) -> int:
