@@ -87,6 +87,8 @@ def test_greedy_equals_plain_and_history_drafts_it(path_model, mode, k):
         assert metrics.num_drafts > 0
     # the second call: history drafts the same text (--k auto: drafting chosen, at a depth of its choice)
     assert metrics.mean_acceptance_length > (2.0 if k == "auto" else 1 + 0.9 * k)
+    if k == 1:  # matches that the first call's drafts proved strong draft past K, up to max_k
+        assert max(depth for steps in metrics.k_histogram.values() for depth in steps) > k
 
 
 def test_sampled_output_is_lossless_with_point_mass_drafts(path_model):
@@ -104,6 +106,49 @@ def test_sampled_output_is_lossless_with_point_mass_drafts(path_model):
                                               drafter="suffix", index=index)
     assert metrics.num_drafts > n / 2 and 200 < metrics.num_accepted_tokens < 0.9 * metrics.num_draft_tokens  # both
     assert_positions_follow(path_model, prompt, gens, params, positions=(0, 1))
+
+
+def test_strong_matches_drafting_past_k_stay_lossless(headless, monkeypatch):
+    """Every match taken as strong: K = 1 steps deepen to max_k = 4 wherever the history's continuation is that long,
+    and the tokens those steps emit (positions 1-3) still follow the warped target (chi-square at alpha = 1e-6),
+    drafts the top-k target gives no mass included."""
+    from bebop.engine.suffix_drafter import SourceChooser
+
+    monkeypatch.setattr(SourceChooser, "strong", lambda self, match: True)
+    prompt = CHAR_CODEC.encode("hello")
+    n = 4000
+    index = SuffixIndex(max_docs=n + 1)
+    spec.speculative_generate(headless, [prompt] * 200, k=1, mode="rs", max_new_tokens=8, drafter="suffix",
+                              sampling=SamplingParams(0.6), generator=torch.Generator().manual_seed(1), index=index)
+    params = SamplingParams(0.6, top_k=8)
+    gens, metrics = spec.speculative_generate(headless, [prompt] * n, k=1, max_k=4, mode="rs", max_new_tokens=4,
+                                              sampling=params, generator=torch.Generator().manual_seed(0),
+                                              drafter="suffix", index=index)
+    deep = sum(count for steps in metrics.k_histogram.values() for depth, count in steps.items() if depth > 1)
+    assert deep > 0 and metrics.accepted_per_position[2] > n / 4, metrics  # many rows accept past depth 2
+    assert_positions_follow(headless, prompt, gens, params, positions=(1, 2, 3))
+
+
+def test_a_strong_match_deepens_only_where_it_pays():
+    from bebop.engine.suffix_drafter import SourceChooser
+
+    chooser = SourceChooser()
+    found = [([5, 6, 7, 8, 9, 10], 8), ([5], 2)]
+    always = lambda deep, gain, rows: True  # noqa: E731
+    for _ in range(SourceChooser.STRONG_AFTER - 1):
+        chooser.observe(8, 3, 3)
+    assert not chooser.strong(8) and chooser.deepen(3, found, 6, always) == 3  # too few to judge yet
+    chooser.observe(8, 3, 3)
+    chooser.observe(2, 0, 3)
+    assert chooser.strong(8) and not chooser.strong(2)
+    asked = []
+    assert chooser.deepen(3, found, 5, lambda deep, gain, rows: asked.append((deep, gain, rows)) or True) == 5
+    assert asked == [(5, 2.0, 1)]  # to max_k; the strong row's share (1.0) x its 2 extra drafts
+    assert chooser.deepen(3, found, 6, lambda deep, gain, rows: False) == 3
+    assert chooser.deepen(0, found, 6, always) == 0  # a plain step stays plain
+    for _ in range(30):  # the continuations stop paying: no longer strong
+        chooser.observe(8, 0, 6)
+    assert not chooser.strong(8)
 
 
 def test_an_unknown_drafter_is_named(headless):

@@ -125,7 +125,7 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,
                controller=controller if k == AUTO else None, log_drafts=log_drafts,
-               drafter=drafter, index=index_for(drafter, index))
+               drafter=drafter, index=index_for(drafter, index), max_k=max_k)
     try:
         while run.live:
             run.step()
@@ -166,27 +166,30 @@ class _SpeculativeRun:
     def __init__(self, model: CausalLM, prompts, *, k: int, mode: str, max_new_tokens: int, sampling, stop_ids,
                  generator, pad_id: int, observer, interrupt_ids, max_observation_tokens: int,
                  controller: AdaptiveK | None, log_drafts: bool = False, drafter: str = "mtp",
-                 index: SuffixIndex | None = None) -> None:
+                 index: SuffixIndex | None = None, max_k: int = DEFAULT_MAX_K) -> None:
         cfg = model.config
         self.model, self.k, self.mode, self.sampling = model, k, mode, sampling
         self.steps = steps_of(model)  # compiled when compile_steps compiled the model
         self.generator, self.pad_id, self.controller = generator, pad_id, controller
         self.book = RowBook(prompts, max_new_tokens, stop_ids, interrupt_ids, observer,
                             context=cfg.max_position_embeddings)
+        # a strong match of the rollouts' text drafts up to max_k (SourceChooser.deepen)
+        self.max_k = max(k, max_k) if index is not None else k
         capacity = cache_capacity(prompts, max_new_tokens, cfg.max_position_embeddings,
-                                  slack=max(k + 1, max_observation_tokens + 1))
+                                  slack=max(self.max_k + 1, max_observation_tokens + 1))
         self.live = list(range(len(prompts)))
         self.cache = model.new_cache(len(prompts), capacity)
         self.drafter = drafter
         self.suffix = SuffixDrafter(index, self.book, MIN_MATCH[drafter]) if index is not None else None
-        self.chooser = SourceChooser() if drafter == "both" else None
+        self.chooser = SourceChooser() if index is not None else None
         self.matches: list[int] = []  # this step, per live row: the match its draft continues (0: the head's)
+        self.drafted: list[int] = []  # ... and its continuation's length
         # a catch-up refresh writes up to `capacity` positions past a row's MTP length: room for both
         self.mtp_cache = None if drafter == "suffix" else model.require_mtp().new_cache(
-            len(prompts), 2 * capacity + k, dtype=model.dtype, device=model.device)
+            len(prompts), 2 * capacity + self.max_k, dtype=model.dtype, device=model.device)
         self.log = RefreshLog(len(prompts))
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
-        self.metrics = SpecMetrics(k, draft_log=[] if log_drafts else None)
+        self.metrics = SpecMetrics(self.max_k, draft_log=[] if log_drafts else None)
         self._leave_finished()
         self.trunk_len = prefill_prompts(model, self.book, self.live, self.cache, mtp_cache=self.mtp_cache,
                                          pad_id=pad_id)
@@ -209,15 +212,22 @@ class _SpeculativeRun:
             logged = self.log.counts
             can_draft = [len(p) == 1 and c > 0 for p, c in zip(pending, logged)]  # the last token only, history logged
             k = self.choose_k(can_draft, generating)
+            found = None  # both: each drafting row's continuation, where its match length has paid as the head has
+            if k and self.suffix is not None:
+                chooser = self.chooser
+                assert chooser is not None
+                found = self._proposals(self.max_k, pending, lambda i, match: can_draft[i]
+                                        and chooser.prefer_suffix(match))
+                k = self._deepen(k, found, generating, sum(can_draft))
             drafting = [k > 0 and d for d in can_draft]
             typical = all(len(p) == 1 for p in pending if p) and (not k or max(logged) <= self.k + 1)
             draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
             drafts = draft_probs = None
-            self.matches = []
+            self.matches, self.drafted = [], []
             if k:
                 drafts, draft_probs = self._refresh(k, draws[:, :k])
-                if self.suffix is not None:  # both: a row with a long match drafts its continuation instead
-                    drafts, draft_probs = self._mix(pending, drafting, drafts, draft_probs)
+                if found is not None:  # both: a row with a long match drafts its continuation instead
+                    drafts, draft_probs = self._mix(found, drafts, draft_probs)
             elif self.log.positions * len(self.live) * self.model.config.hidden_size > LOG_LIMIT:
                 self._refresh(0, draws[:, :0])
         hidden, host_rows = self._verify(k, pending, drafting, drafts, draft_probs, draws[:, k:])
@@ -234,14 +244,32 @@ class _SpeculativeRun:
 
     def _suffix_drafts(self, pending: list[list[int]], generating: int):
         """The index's proposals for rows whose next input is their last token: the step verifies the longest, at
-        most K (with --k auto, at most the controller's choice); a step where none matches is plain -> (k, drafting
-        (R,), drafts (R, k), draft_probs (R, k, V))."""
-        found = self._proposals(self.k, pending, lambda i, match: True)
-        limit = self.choose_k([bool(p) for p, _ in found], generating)
+        most K (with --k auto, at most the controller's choice; deeper where a strong match pays, `_deepen`); a step
+        where none matches is plain -> (k, drafting (R,), drafts (R, k), draft_probs (R, k, V))."""
+        found = self._proposals(self.max_k, pending, lambda i, match: True)
+        drafting = [bool(p) for p, _ in found]
+        limit = self._deepen(self.choose_k(drafting, generating), found, generating, sum(drafting))
         proposals, self.matches = [p[:limit] for p, _ in found], [n if p[:limit] else 0 for p, n in found]
-        k = max(map(len, proposals), default=0)
+        self.drafted = [len(p) for p in proposals]
+        k = max(self.drafted, default=0)
         drafts, draft_probs = point_mass_drafts(proposals, k, self.model.config.vocab_size, self.model.device)
         return k, [bool(p) for p in proposals], drafts, draft_probs
+
+    def _deepen(self, k: int, found: list[tuple[list[int], int]], generating: int, drafting: int) -> int:
+        """The step's k, deepened past `k` up to max_k where strong matches pay (SourceChooser.deepen): with --k
+        auto, when the strong rows' expected extra tokens outweigh the deeper verify's predicted cost; with a fixed
+        K, when at least half the drafting rows have a strong match (the deeper verify serves most of them)."""
+        assert self.chooser is not None
+        controller = self.controller
+
+        def worth(deep: int, gain: float, strong_rows: int) -> bool:
+            if controller is None:
+                return 2 * strong_rows >= drafting
+            tokens = generating * controller.acceptance.expected_tokens(k)  # the step at k, as the controller sees it
+            return (tokens + gain) / controller.costs.predict(generating, deep) > tokens / controller.costs.predict(
+                generating, k)
+
+        return self.chooser.deepen(k, found, self.max_k, worth)
 
     def _proposals(self, k: int, pending: list[list[int]], allow) -> list[tuple[list[int], int]]:
         """The index's continuations (up to k tokens) and match lengths for the live rows whose next input is their
@@ -251,15 +279,13 @@ class _SpeculativeRun:
         return [(p, n) if len(fed) == 1 and allow(i, n) else ([], 0)
                 for i, ((p, n), fed) in enumerate(zip(self.suffix.propose(self.live, k), pending))]
 
-    def _mix(self, pending, drafting, drafts: torch.Tensor, draft_probs: torch.Tensor):
+    def _mix(self, found: list[tuple[list[int], int]], drafts: torch.Tensor, draft_probs: torch.Tensor):
         """The head's drafts (R, k), (R, k, V), with each drafting row whose index match is long and has paid as
-        well as the head's drafts (SourceChooser) replaced by the continuation's point masses. Which source a row
-        uses depends on its text and past steps alone: lossless either way."""
-        chooser = self.chooser
-        assert chooser is not None
+        well as the head's drafts (`found`: its continuation, SourceChooser) replaced by the continuation's point
+        masses. Which source a row uses depends on its text and past steps alone: lossless either way."""
         k = drafts.shape[1]
-        found = self._proposals(k, pending, lambda i, match: drafting[i] and chooser.prefer_suffix(match))
-        proposals, self.matches = [p for p, _ in found], [n for _, n in found]
+        proposals, self.matches = [p[:k] for p, _ in found], [n for _, n in found]
+        self.drafted = [len(p) for p in proposals]
         use = torch.tensor([bool(p) for p in proposals], device=drafts.device)  # (R,)
         if not bool(use.any()):
             return drafts, draft_probs
@@ -311,7 +337,7 @@ class _SpeculativeRun:
                 self.metrics.record_draft(n_acc, k, ents, sequence=row, source=source)
                 count_draft(self.book.rows[row].drafts_by_source, source, n_acc)
                 if self.chooser is not None:
-                    self.chooser.observe(match, n_acc)
+                    self.chooser.observe(match, n_acc, self.drafted[i] if match else k)
             self.metrics.record_emitted(ents[:kept])
             valid = pending[i] + toks[: kept - 1]  # tokens of this chunk now in the trunk cache
             self.trunk_len[i] += len(valid)

@@ -54,27 +54,53 @@ class SuffixDrafter:
 
 
 class SourceChooser:
-    """With both drafters: per match length, the running mean of the tokens accepted from a row's continuation,
-    against the head's; a row drafts its continuation where that mean is at least the head's. Only finished steps
-    feed it, so a row's source depends on the past alone (lossless). A match length not yet tried is tried."""
+    """Per match length, what the rollouts' text has paid when it drafted: the running mean of the tokens accepted
+    from a continuation and the share of its tokens accepted. With both drafters a row drafts its continuation where
+    that mean is at least the head's (a match length not yet tried is tried); with either, a match whose share is
+    at least STRONG_SHARE is strong, and a strong match may draft past K (`deepen`). Only finished steps feed it,
+    so a row's source and its draft's length depend on the past alone (lossless)."""
 
     DECAY = 0.95  # per observation: the estimates follow a policy that changes under RL
+    STRONG_SHARE = 0.8  # of a continuation's tokens accepted, on average
+    STRONG_AFTER = 4  # continuations verified at a match length before it can be strong
 
     def __init__(self) -> None:
         self.head: float | None = None  # tokens accepted per head draft
         self.suffix: dict[int, float] = {}  # match length -> tokens accepted per continuation draft
+        self.share: dict[int, float] = {}  # match length -> share of a continuation's drafted tokens accepted
+        self.seen: dict[int, int] = {}  # match length -> continuations verified
 
     def prefer_suffix(self, match: int) -> bool:
         mean = self.suffix.get(match)
         return mean is None or self.head is None or mean >= self.head
 
-    def observe(self, match: int, accepted: int) -> None:
-        """A verified draft: from the head (match 0) or from a continuation after a match of `match` tokens."""
+    def strong(self, match: int) -> bool:
+        return self.seen.get(match, 0) >= self.STRONG_AFTER and self.share[match] >= self.STRONG_SHARE
+
+    def observe(self, match: int, accepted: int, drafted: int = 1) -> None:
+        """A verified draft: from the head (match 0) or from a continuation of `drafted` tokens after a match of
+        `match` tokens, of which `accepted` were accepted."""
         if match == 0:
-            self.head = accepted if self.head is None else self.DECAY * self.head + (1 - self.DECAY) * accepted
-        else:
-            mean = self.suffix.get(match)
-            self.suffix[match] = accepted if mean is None else self.DECAY * mean + (1 - self.DECAY) * accepted
+            self.head = _decayed(self.head, accepted, self.DECAY)
+            return
+        self.suffix[match] = _decayed(self.suffix.get(match), accepted, self.DECAY)
+        self.share[match] = _decayed(self.share.get(match), min(accepted, drafted) / max(drafted, 1), self.DECAY)
+        self.seen[match] = self.seen.get(match, 0) + 1
+
+    def deepen(self, k: int, found: Sequence[tuple[Sequence[int], int]], max_k: int, worth) -> int:
+        """The step's k: `k` (K, or the controller's choice), or deeper, up to max_k and the longest strong
+        continuation, where `worth(deep, gain, rows)` says the gain pays: gain = the tokens the `rows` strong rows'
+        continuations are expected to add past k (their share x the extra drafts)."""
+        strong = [(len(p), self.share.get(n, 0.0)) for p, n in found if len(p) > k and self.strong(n)]
+        if not k or k >= max_k or not strong:
+            return k
+        deep = min(max_k, max(n for n, _ in strong))
+        gain = sum(share * (min(n, deep) - k) for n, share in strong)
+        return deep if worth(deep, gain, len(strong)) else k
+
+
+def _decayed(mean: float | None, value: float, decay: float) -> float:
+    return value if mean is None else decay * mean + (1 - decay) * value
 
 
 def index_for(drafter: str, index: SuffixIndex | None) -> SuffixIndex | None:
