@@ -58,6 +58,9 @@ class DecodeSpec:
                        "it samples", choices=COMPILE_CHOICES, identity=False)
     vllm_python: str = opt("", "with --engine vllm: the Python that has vLLM (default: $BEBOP_VLLM_PYTHON, else this "
                            "one)", identity=False)
+    vllm_timeout: float = opt(1800.0, "with --engine vllm: seconds the vLLM worker may take to start and to answer "
+                              "each request; one that does not (hung, stopped) is killed and started again once, "
+                              "then the run stops", identity=False)
     drafter: str = opt("mtp", "what drafts with --spec: the model's MTP head; suffix: the rollouts' own text (the "
                        "group's siblings, earlier responses to the same prompt, the prompt; any model, no head); "
                        "both: per row the text's continuation where its match is long, else the head",
@@ -75,6 +78,8 @@ class DecodeSpec:
         check_compile(self.compile)
         if self.engine == "bebop" and self.vllm_python:
             raise BebopError("--vllm-python needs --engine vllm")
+        if not self.vllm_timeout > 0:
+            raise BebopError(f"--vllm-timeout must be a positive number of seconds, got {self.vllm_timeout}")
         if self.engine == "vllm" and self.k == AUTO:
             raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
         check_drafter(self.drafter)
@@ -149,7 +154,7 @@ def open_engine(policy: Policy, spec: DecodeSpec, *, model_dir: str | Path, rows
 
         with VllmServer(policy.model, model_dir, dtype=dtype or serving_dtype(policy.model), spec=spec.spec,
                         k=spec.draft_depths,
-                        python=spec.vllm_python or None, seed=seed) as server:
+                        python=spec.vllm_python or None, seed=seed, timeout=spec.vllm_timeout) as server:
             engine = server.engine
             yield Decoder(engine, counting=(lambda sink: engine.counting(spec.draft_depths, sink)) if spec.drafts else None)
         return

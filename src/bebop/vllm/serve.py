@@ -25,7 +25,7 @@ from bebop.model.checkpoint import write_model_dir
 from bebop.model.config import HYBRID_FAMILIES
 from bebop.model.engine_export import check_engine_head, drop_mrope
 from bebop.model.qwen3 import CausalLM
-from bebop.vllm.client import VllmWorker
+from bebop.vllm.client import DEFAULT_TIMEOUT_S, VllmWorker
 from bebop.vllm.engine import VllmEngine
 
 DRAFT_SAMPLE_METHODS = {"rs": "probabilistic", "to": "greedy"}
@@ -39,8 +39,9 @@ def speculative_config(spec: str, k: int) -> dict | None:
 
 class VllmServer:
     def __init__(self, model: CausalLM, source_dir: str | Path, *, dtype: str, spec: str = "off", k: int = 3,
-                 python: str | None = None, seed: int = 0) -> None:
-        """The weights directory is made in the system's temporary folder (TMPDIR) and removed by close."""
+                 python: str | None = None, seed: int = 0, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        """The weights directory is made in the system's temporary folder (TMPDIR) and removed by close, or by the
+        worker if bebop dies first; `timeout`: seconds for the worker's start and each request (client.py)."""
         self.source_dir = Path(source_dir)
         hybrid = model.config.model_type in HYBRID_FAMILIES
         self.with_head = hybrid  # vLLM refuses a dense Qwen3's mtp.* tensors
@@ -51,7 +52,8 @@ class VllmServer:
             self._write(model)
             self.worker = VllmWorker(self.weights_dir, dtype=dtype, python=python, seed=seed,
                                      speculative_config=speculative_config(spec, k),
-                                     prefix_caching=False if hybrid else None)
+                                     prefix_caching=False if hybrid else None, timeout=timeout,
+                                     cleanup=[self.weights_dir])
         except BaseException:
             shutil.rmtree(self.weights_dir, ignore_errors=True)
             raise

@@ -1,16 +1,24 @@
 """The vLLM side of bebop's process boundary: run by any Python that has vLLM (`--vllm-python`), it imports
-nothing of bebop, holds one `vllm.LLM` and answers JSON lines on stdin/stdout.
+nothing of bebop, holds one `vllm.LLM` and answers JSON lines on a channel of its own.
 
-    python worker.py '{"model": DIR, "dtype": "float32", "seed": 0, "max_model_len": null,
-                       "enforce_eager": true, "speculative_config": null}'
+    python worker.py '{"model": DIR, "dtype": "float32", "seed": 0, "max_model_len": null, "enforce_eager": true,
+                       "speculative_config": null, "requests_fd": R, "replies_fd": W, "parent": PID,
+                       "cleanup": [DIR, ...]}'
 
-Requests (one JSON object a line) and their answers:
+The channel: two pipes the client passes (`requests_fd` to read, `replies_fd` to write), not stdin / stdout, so
+nothing vLLM or native code prints (file descriptors 1 and 2 both go to the client's log) can corrupt it.
+Requests (one JSON object a line, each with an "id") and their answers (with the same "id"):
     {"op": "generate", "prompts": [[ids]], "params": [{...}, ...]}  -> {"outputs": [{"token_ids", "logprobs",
         "finish_reason"}]}; params per prompt: temperature, top_k, top_p, max_tokens, stop_token_ids, seed
     {"op": "reload", "path": DIR}        -> {"seconds": s}: the trunk AND the drafter's head reloaded from DIR
     {"op": "metrics"}                    -> {"counters": {name: value or [values]}} (cumulative, vLLM's names)
-Every answer is {"error": "..."} instead when the request failed; the first line is {"ready": true, "vllm":
-version} or {"error": ...} when vLLM cannot be imported or cannot load the model.
+    {"op": "close"}                      -> {}, and the worker exits
+The first line (id 0) is {"ready": true, "protocol": PROTOCOL, "vllm": version, ...} or {"error": ...} when vLLM
+cannot be imported or cannot load the model. An answer is {"error": "..."} when the request failed; an error of
+the engine itself adds "fatal": true and the worker exits (its state may be inconsistent: the client starts a
+new one or stops the run). When its parent is gone (bebop killed, even with SIGKILL: the channel ends without a
+close, or the worker is re-parented while vLLM works) the worker removes the paths in "cleanup" (the weights
+directory bebop made for it) and exits with its process group.
 
 The log-probs are of the distribution vLLM sampled from (logprobs_mode="processed_logprobs": after
 temperature, top-k and top-p), the sampler's log-probs a truncated importance weight needs. vLLM's own
@@ -21,16 +29,76 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 
-PROTOCOL = sys.stdout  # answers only: vLLM's own prints go to stderr
+PROTOCOL = 2  # the client checks it in the first reply
+PARENT_POLL_S = 0.5
 
 
-def reply(answer: dict) -> None:
-    PROTOCOL.write(json.dumps(answer) + "\n")
-    PROTOCOL.flush()
+class StartError(Exception):
+    """The worker cannot serve: its message is the first reply's error."""
+
+
+def watch_parent(parent: int, cleanup: list[str]) -> None:
+    """A thread that, once `parent` is no longer this process's parent (it died: the worker was re-parented),
+    removes `cleanup` and kills the worker's process group (vLLM's own subprocesses with it). A thread, not the
+    kernel's parent-death signal: that signal follows the thread that started the worker, not the process."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        for path in cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+        if os.getpgrp() == os.getpid():  # the group's leader, as the client starts it
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="bebop-parent-watch", daemon=True).start()
+
+
+def serve(config: dict, start, handlers: dict) -> int:
+    """The protocol: `start(config)` -> (state, the first reply's fields) or StartError; then each request's
+    answer from `handlers[op](state, request)` until the client closes the channel or the engine fails."""
+    replies = os.fdopen(config["replies_fd"], "w", encoding="utf-8")
+    requests = os.fdopen(config["requests_fd"], "r", encoding="utf-8")
+    sys.stdout = sys.stderr  # Python's prints go to the log like everything else
+
+    def reply(request_id: int, answer: dict) -> None:
+        replies.write(json.dumps({"id": request_id, **answer}) + "\n")
+        replies.flush()
+
+    if config.get("parent"):
+        watch_parent(config["parent"], config.get("cleanup") or [])
+    try:
+        state, hello = start(config)
+    except StartError as exc:
+        reply(0, {"error": str(exc)})
+        return 1
+    reply(0, {"ready": True, "protocol": PROTOCOL, **hello})
+    for line in requests:
+        ask = json.loads(line)
+        if ask.get("op") == "close":
+            reply(ask["id"], {})
+            return 0
+        handler = handlers.get(ask.get("op"))
+        if handler is None:
+            reply(ask.get("id", -1), {"error": f"unknown request {ask.get('op')!r}"})
+            continue
+        try:
+            answer = handler(state, ask)
+        except Exception as exc:  # the engine failed: a state that may be inconsistent is not served on
+            traceback.print_exc()
+            reply(ask["id"], {"error": f"vLLM {ask['op']}: {type(exc).__name__}: {exc}", "fatal": True})
+            return 1
+        reply(ask["id"], answer)
+    for path in config.get("cleanup") or []:  # the channel ended without a close: bebop is gone
+        shutil.rmtree(path, ignore_errors=True)
+    return 0
 
 
 def make_llm(config: dict):
@@ -113,12 +181,11 @@ def metrics(llm, ask: dict) -> dict:
 HANDLERS = {"generate": generate, "reload": reload, "metrics": metrics}
 
 
-def main() -> None:
-    config = json.loads(sys.argv[1])
+def start_vllm(config: dict):
+    """vLLM imported (with the shim and bebop's fixes) and the model loaded -> (the LLM, the first reply's fields)."""
     for key, value in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
                        ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")):  # in-process: collective_rpc takes functions
         os.environ.setdefault(key, value)
-    sys.stdout = sys.stderr
     shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
     os.environ["PYTHONPATH"] = os.pathsep.join([shim, *filter(None, [os.environ.get("PYTHONPATH")])])
     sys.path.insert(0, shim)  # here and in vLLM's own subprocesses (its model inspection): shim/sitecustomize.py
@@ -130,22 +197,19 @@ def main() -> None:
         from bebop_vllm_fixes import apply as apply_fixes
         from bebop_vllm_fixes import original_expand_is_broken
     except Exception as exc:  # not installed, or a wheel that does not import beside this torch
-        return reply({"error": f"cannot import vllm in {sys.executable}: {type(exc).__name__}: {exc}"})
+        raise StartError(f"cannot import vllm in {sys.executable}: {type(exc).__name__}: {exc}") from exc
     fixed = [] if os.environ.get("BEBOP_VLLM_NO_FIXES") else apply_fixes()  # unset: to see vLLM as shipped
     for fix in fixed:
         print(f"bebop vLLM worker: fixed {fix}", file=sys.stderr)
     try:
         llm = make_llm(config)
     except Exception as exc:
-        return reply({"error": f"vLLM {vllm.__version__} cannot run {config['model']}: {type(exc).__name__}: {exc}"})
-    reply({"ready": True, "vllm": vllm.__version__, "fixes": fixed, "expand_was_broken": original_expand_is_broken()})
-    for line in sys.stdin:
-        ask = json.loads(line)
-        try:
-            reply(HANDLERS[ask["op"]](llm, ask))
-        except Exception as exc:
-            traceback.print_exc()
-            reply({"error": f"vLLM {ask.get('op')}: {type(exc).__name__}: {exc}"})
+        raise StartError(f"vLLM {vllm.__version__} cannot run {config['model']}: {type(exc).__name__}: {exc}") from exc
+    return llm, {"vllm": vllm.__version__, "fixes": fixed, "expand_was_broken": original_expand_is_broken()}
+
+
+def main() -> None:
+    sys.exit(serve(json.loads(sys.argv[1]), start_vllm, HANDLERS))
 
 
 if __name__ == "__main__":
