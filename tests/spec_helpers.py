@@ -3,10 +3,12 @@ with a known proposal (an oracle that is right except at a random depth; a mixtu
 to the target), so acceptance is ragged and the expected output is known, and the check that sampled
 rows follow the target."""
 
+import copy
 import random
 
 import torch
 
+from bebop.engine.compiled import compile_steps
 from bebop.sampling import warp_probs
 from bebop.sampling.warp import inverse_cdf
 
@@ -19,6 +21,18 @@ EOS = CHAR_CODEC.eos_id
 
 def ids_of(prompts):
     return [CHAR_CODEC.encode(p) for p in prompts]
+
+
+def on_path(model, path: str):
+    """`model` on one of the paths the engine samples on: "float32" (itself), "bfloat16" (a bfloat16 copy) or
+    "compiled" (a copy with compiled steps)."""
+    if path == "float32":
+        return model
+    model = copy.deepcopy(model)
+    if path == "bfloat16":
+        return model.to(torch.bfloat16)
+    assert path == "compiled" and compile_steps(model, "on")
+    return model
 
 
 def assert_positions_follow(model, prompt, gens, params, positions):

@@ -7,28 +7,19 @@ import torch
 
 from bebop.engine import generate
 from bebop.engine import speculative as spec
-from bebop.engine.compiled import compile_steps
 from bebop.errors import BebopError
 from bebop.model import load_model
 from bebop.sampling import SamplingParams, warp_probs
 
 from conftest import CHAR_CODEC
-from spec_helpers import EOS, PROMPTS, assert_positions_follow, ids_of, mixture_drafter, oracle_drafter
+from spec_helpers import EOS, PROMPTS, assert_positions_follow, ids_of, mixture_drafter, on_path, oracle_drafter
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16", "compiled"])
 def dtype_model(request, spec_model):
     """spec_model on each path the engine samples on: float32 eager, a bfloat16 rollout copy, float32 with compiled
     steps (issue 24): lossless against its own target, T=0 equal to greedy of the same dtype."""
-    import copy
-
-    if request.param == "float32":
-        return spec_model
-    model = copy.deepcopy(spec_model)
-    if request.param == "bfloat16":
-        return model.to(torch.bfloat16)
-    assert compile_steps(model, "on")
-    return model
+    return on_path(spec_model, request.param)
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])

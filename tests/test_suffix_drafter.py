@@ -2,21 +2,18 @@
 siblings, earlier calls and the prompt continued with; the engine verifies them as point masses, losslessly, on a
 model with no head at all."""
 
-import copy
-
 import pytest
 import torch
 
 from bebop.engine import generate
 from bebop.engine import speculative as spec
-from bebop.engine.compiled import compile_steps
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
 
 from conftest import CHAR_CODEC
-from spec_helpers import EOS, PROMPTS, assert_positions_follow, ids_of
+from spec_helpers import EOS, PROMPTS, assert_positions_follow, ids_of, on_path
 
 
 def test_the_index_proposes_a_siblings_continuation_then_history():
@@ -50,6 +47,23 @@ def test_the_index_keeps_at_most_max_docs_per_prompt_and_rebuilds_its_table():
     assert index.propose(fresh, 1)[0] == [143]  # the newest response's first token, not a dropped one
 
 
+def sample_after_history(model, *, drafter: str, k: int, temperature: float, max_new_tokens: int,
+                         history_tokens: int = 4, max_k: int = spec.DEFAULT_MAX_K, n: int = 4000):
+    """n rows of one prompt sampled with RS at `temperature`, top-k 8, drafting with `drafter` from a suffix index
+    that already holds 200 rows sampled at that temperature without top-k (so many drafts are tokens the top-k target
+    gives no mass) -> (prompt, gens, metrics, params)."""
+    prompt = CHAR_CODEC.encode("hello")
+    index = SuffixIndex(max_docs=n + 1)
+    spec.speculative_generate(model, [prompt] * 200, k=k, mode="rs", max_new_tokens=history_tokens, drafter="suffix",
+                              sampling=SamplingParams(temperature), generator=torch.Generator().manual_seed(1),
+                              index=index)
+    params = SamplingParams(temperature, top_k=8)
+    gens, metrics = spec.speculative_generate(model, [prompt] * n, k=k, max_k=max_k, mode="rs",
+                                              max_new_tokens=max_new_tokens, sampling=params,
+                                              generator=torch.Generator().manual_seed(0), drafter=drafter, index=index)
+    return prompt, gens, metrics, params
+
+
 @pytest.fixture(scope="module")
 def headless(hf_model_dir):
     """The transformers-saved tiny model, which has no MTP head."""
@@ -61,13 +75,7 @@ def headless(hf_model_dir):
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16", "compiled"])
 def path_model(request, headless):
-    if request.param == "float32":
-        return headless
-    model = copy.deepcopy(headless)
-    if request.param == "bfloat16":
-        return model.to(torch.bfloat16)
-    assert compile_steps(model, "on")
-    return model
+    return on_path(headless, request.param)
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])
@@ -95,15 +103,9 @@ def test_sampled_output_is_lossless_with_point_mass_drafts(path_model):
     """RS with suffix drafts through the engine: the first two emitted tokens follow the warped target exactly
     (chi-square at alpha = 1e-6). The history comes from sampling without top-k, so many drafts are tokens the
     top-k target gives zero probability: they must never be emitted."""
-    prompt = CHAR_CODEC.encode("hello")
     n = 4000
-    index = SuffixIndex(max_docs=n + 1)
-    spec.speculative_generate(path_model, [prompt] * 200, k=2, mode="rs", max_new_tokens=4, drafter="suffix",
-                              sampling=SamplingParams(1.5), generator=torch.Generator().manual_seed(1), index=index)
-    params = SamplingParams(1.5, top_k=8)
-    gens, metrics = spec.speculative_generate(path_model, [prompt] * n, k=2, mode="rs", max_new_tokens=3,
-                                              sampling=params, generator=torch.Generator().manual_seed(0),
-                                              drafter="suffix", index=index)
+    prompt, gens, metrics, params = sample_after_history(path_model, drafter="suffix", k=2, temperature=1.5,
+                                                         max_new_tokens=3, n=n)
     assert metrics.num_drafts > n / 2 and 200 < metrics.num_accepted_tokens < 0.9 * metrics.num_draft_tokens  # both
     assert_positions_follow(path_model, prompt, gens, params, positions=(0, 1))
 
@@ -115,15 +117,9 @@ def test_strong_matches_drafting_past_k_stay_lossless(headless, monkeypatch):
     from bebop.engine.suffix_drafter import SourceChooser
 
     monkeypatch.setattr(SourceChooser, "strong", lambda self, match: True)
-    prompt = CHAR_CODEC.encode("hello")
     n = 4000
-    index = SuffixIndex(max_docs=n + 1)
-    spec.speculative_generate(headless, [prompt] * 200, k=1, mode="rs", max_new_tokens=8, drafter="suffix",
-                              sampling=SamplingParams(0.6), generator=torch.Generator().manual_seed(1), index=index)
-    params = SamplingParams(0.6, top_k=8)
-    gens, metrics = spec.speculative_generate(headless, [prompt] * n, k=1, max_k=4, mode="rs", max_new_tokens=4,
-                                              sampling=params, generator=torch.Generator().manual_seed(0),
-                                              drafter="suffix", index=index)
+    prompt, gens, metrics, params = sample_after_history(headless, drafter="suffix", k=1, temperature=0.6,
+                                                         max_new_tokens=4, history_tokens=8, max_k=4, n=n)
     deep = sum(count for steps in metrics.k_histogram.values() for depth, count in steps.items() if depth > 1)
     assert deep > 0 and metrics.accepted_per_position[2] > n / 4, metrics  # many rows accept past depth 2
     assert_positions_follow(headless, prompt, gens, params, positions=(1, 2, 3))
@@ -186,11 +182,7 @@ def test_generate_and_rl_draft_from_their_own_text_on_a_model_without_a_head(hf_
 @pytest.fixture(scope="module", params=["float32", "compiled"])
 def headed_model(request, spec_model):
     """spec_model (a random head) eager and with compiled steps."""
-    if request.param == "float32":
-        return spec_model
-    model = copy.deepcopy(spec_model)
-    assert compile_steps(model, "on")
-    return model
+    return on_path(spec_model, request.param)
 
 
 @pytest.mark.parametrize("k", [2, "auto"])
@@ -215,15 +207,9 @@ def test_both_drafters_keep_greedy_output(headed_model, k):
 def test_sampled_output_is_lossless_with_both_drafters(headed_model):
     """RS over a mixture: rows whose text matches the history draft point masses, the others the head's samples;
     the first two tokens follow the warped target (chi-square at alpha = 1e-6)."""
-    prompt = CHAR_CODEC.encode("hello")
     n = 4000
-    index = SuffixIndex(max_docs=n + 1)
-    spec.speculative_generate(headed_model, [prompt] * 200, k=2, mode="rs", max_new_tokens=4, drafter="suffix",
-                              sampling=SamplingParams(1.5), generator=torch.Generator().manual_seed(1), index=index)
-    params = SamplingParams(1.5, top_k=8)
-    gens, metrics = spec.speculative_generate(headed_model, [prompt] * n, k=2, mode="rs", max_new_tokens=4,
-                                              sampling=params, generator=torch.Generator().manual_seed(0),
-                                              drafter="both", index=index)
+    prompt, gens, metrics, params = sample_after_history(headed_model, drafter="both", k=2, temperature=1.5,
+                                                         max_new_tokens=4, n=n)
     assert metrics.num_drafts > n / 2 and 200 < metrics.num_accepted_tokens < 0.9 * metrics.num_draft_tokens
     assert_positions_follow(headed_model, prompt, gens, params, positions=(1, 2))  # the drafted steps' tokens
 

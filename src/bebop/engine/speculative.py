@@ -182,8 +182,8 @@ class _SpeculativeRun:
         self.drafter = drafter
         self.suffix = SuffixDrafter(index, self.book, MIN_MATCH[drafter]) if index is not None else None
         self.chooser = SourceChooser() if index is not None else None
-        self.matches: list[int] = []  # this step, per live row: the match its draft continues (0: the head's)
-        self.drafted: list[int] = []  # ... and its continuation's length
+        # this step, per live row: the match its draft continues and the continuation's length ((0, 0): the head's)
+        self.continuations: list[tuple[int, int]] = []
         # a catch-up refresh writes up to `capacity` positions past a row's MTP length: room for both
         self.mtp_cache = None if drafter == "suffix" else model.require_mtp().new_cache(
             len(prompts), 2 * capacity + self.max_k, dtype=model.dtype, device=model.device)
@@ -223,7 +223,7 @@ class _SpeculativeRun:
             typical = all(len(p) == 1 for p in pending if p) and (not k or max(logged) <= self.k + 1)
             draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
             drafts = draft_probs = None
-            self.matches, self.drafted = [], []
+            self.continuations = []
             if k:
                 drafts, draft_probs = self._refresh(k, draws[:, :k])
                 if found is not None:  # both: a row with a long match drafts its continuation instead
@@ -249,9 +249,9 @@ class _SpeculativeRun:
         found = self._proposals(self.max_k, pending, lambda i, match: True)
         drafting = [bool(p) for p, _ in found]
         limit = self._deepen(self.choose_k(drafting, generating), found, generating, sum(drafting))
-        proposals, self.matches = [p[:limit] for p, _ in found], [n if p[:limit] else 0 for p, n in found]
-        self.drafted = [len(p) for p in proposals]
-        k = max(self.drafted, default=0)
+        proposals = [p[:limit] for p, _ in found]
+        self.continuations = [(n if p else 0, len(p)) for p, (_, n) in zip(proposals, found)]
+        k = max(map(len, proposals), default=0)
         drafts, draft_probs = point_mass_drafts(proposals, k, self.model.config.vocab_size, self.model.device)
         return k, [bool(p) for p in proposals], drafts, draft_probs
 
@@ -284,8 +284,8 @@ class _SpeculativeRun:
         well as the head's drafts (`found`: its continuation, SourceChooser) replaced by the continuation's point
         masses. Which source a row uses depends on its text and past steps alone: lossless either way."""
         k = drafts.shape[1]
-        proposals, self.matches = [p[:k] for p, _ in found], [n for _, n in found]
-        self.drafted = [len(p) for p in proposals]
+        proposals = [p[:k] for p, _ in found]
+        self.continuations = [(n, len(p)) for p, (_, n) in zip(proposals, found)]
         use = torch.tensor([bool(p) for p in proposals], device=drafts.device)  # (R,)
         if not bool(use.any()):
             return drafts, draft_probs
@@ -332,12 +332,12 @@ class _SpeculativeRun:
             ents = host[i][2 * (k + 1): 2 * (k + 1) + n_acc + 1]
             kept = self.book.emit(row, toks, host[i][k + 1: k + 2 + n_acc], ents)
             if drafting[i]:  # ents[d - 1] is H(p_d)
-                match = self.matches[i] if self.matches else 0
+                match, drafted = self.continuations[i] if self.continuations else (0, 0)
                 source = "suffix" if match else "mtp"
                 self.metrics.record_draft(n_acc, k, ents, sequence=row, source=source)
                 count_draft(self.book.rows[row].drafts_by_source, source, n_acc)
                 if self.chooser is not None:
-                    self.chooser.observe(match, n_acc, self.drafted[i] if match else k)
+                    self.chooser.observe(match, n_acc, drafted if match else k)
             self.metrics.record_emitted(ents[:kept])
             valid = pending[i] + toks[: kept - 1]  # tokens of this chunk now in the trunk cache
             self.trunk_len[i] += len(valid)

@@ -91,8 +91,10 @@ class SourceChooser:
         """The step's k: `k` (K, or the controller's choice), or deeper, up to max_k and the longest strong
         continuation, where `worth(deep, gain, rows)` says the gain pays: gain = the tokens the `rows` strong rows'
         continuations are expected to add past k (their share x the extra drafts)."""
+        if not k or k >= max_k:
+            return k
         strong = [(len(p), self.share.get(n, 0.0)) for p, n in found if len(p) > k and self.strong(n)]
-        if not k or k >= max_k or not strong:
+        if not strong:
             return k
         deep = min(max_k, max(n for n, _ in strong))
         gain = sum(share * (min(n, deep) - k) for n, share in strong)

@@ -120,9 +120,12 @@ class VllmWorker:
             raise self._failure(f"did not answer {op!r} within {self.timeout:g} s ({TIMEOUT_HINT}); it was stopped") from None
         except ValueError as exc:
             raise self._failure(f"answered {op!r} with {exc}; it was stopped") from None
-        if answer is None:
+        if answer is None:  # the channel ended: the worker exited (or closed it, and is killed below)
             assert self.proc is not None
-            code = self.proc.wait()
+            try:
+                code = self.proc.wait(timeout=CLOSE_WAIT_S)
+            except subprocess.TimeoutExpired:
+                raise self._failure(f"closed its channel during {op!r}; it was stopped") from None
             raise self._failure(f"exited with code {code} during {op!r}")
         if answer.get("id") != request_id:
             raise self._failure(f"answered request {answer.get('id')} to request {request_id} ({op!r}); it was stopped")
