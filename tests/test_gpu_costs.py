@@ -40,9 +40,12 @@ def test_tiny_cpu_run_writes_consistent_lines(tmp_path):
         assert x["device"] == "cpu" and x["dtype"] == "float32" and len(x["verify_s"]) == 4
         assert x["verify_over_decode"] == pytest.approx([v / x["decode_s"] for v in x["verify_s"]], abs=2e-3)
         for rule in x["rule"]:
-            best = max(rule["speedup_per_k"])
-            expected = rule["speedup_per_k"].index(best) + 1 if best > DRAFT_MARGIN else 0
-            assert rule["chosen_k"] == expected, rule
+            # the line rounds speedups to 3 places, so a best within that rounding of the margin may go either way
+            best, chosen, near = max(rule["speedup_per_k"]), rule["chosen_k"], 5e-4
+            if chosen:
+                assert best > DRAFT_MARGIN - near and rule["speedup_per_k"][chosen - 1] == best, rule
+            else:
+                assert best < DRAFT_MARGIN + near, rule
 
 
 def test_unknown_shape_is_named():
