@@ -30,7 +30,7 @@ def hybrid(request, tmp_path_factory):
     if request.param == "compiled":
         assert compile_steps(model, "on")
         patch = pytest.MonkeyPatch()
-        patch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the default: batch 1)
+        patch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the default: up to 8 rows)
         yield model
         patch.undo()
         return
@@ -58,7 +58,7 @@ def test_compiled_hybrid_speculation_equals_eager_greedy(tmp_path, monkeypatch):
     eager = headed_hybrid(tmp_path / "eager")
     model = headed_hybrid(tmp_path / "compiled")
     assert compile_steps(model, "on")
-    monkeypatch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the default: batch 1)
+    monkeypatch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the default: up to 8 rows)
     prompts = ids_of(PROMPTS)
     ref = generate(eager, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[EOS])
     plain = generate(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[EOS])

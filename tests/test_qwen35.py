@@ -42,7 +42,29 @@ def test_chunked_and_recurrent_rules_agree():
     out_r, states = recurrent_rule(q, k, v, gate, beta, state)
     out_c, final = chunked_rule(q, k, v, gate, beta, state)
     assert torch.allclose(out_r, out_c, atol=1e-4) and torch.allclose(states[:, -1], final, atol=1e-4)
-    assert torch.equal(states[:, 0], state)
+    assert states.shape == (b, t, h, dk, dv)
+
+
+def test_recurrent_rule_matches_the_rule_written_plainly():
+    """Every position's output and state against the update written as in the docstring, state-sized temporaries
+    and all; also when the states go into a given buffer that holds garbage."""
+    g = torch.Generator().manual_seed(1)
+    b, h, t, dk, dv = 3, 2, 5, 8, 6
+    q, k = (torch.nn.functional.normalize(torch.randn(b, h, t, dk, generator=g), dim=-1) for _ in range(2))
+    v = torch.randn(b, h, t, dv, generator=g)
+    gate, beta = -torch.rand(b, h, t, generator=g) * 3, torch.rand(b, h, t, generator=g)
+    state = torch.randn(b, h, dk, dv, generator=g)
+    s, outs, states = state, [], []
+    for i in range(t):
+        s = gate[:, :, i, None, None].exp() * s
+        delta = beta[:, :, i, None] * (v[:, :, i] - (s * k[:, :, i, :, None]).sum(-2))  # (B, H, Dv)
+        s = s + k[:, :, i, :, None] * delta[:, :, None, :]
+        outs.append((s * q[:, :, i, :, None]).sum(-2))
+        states.append(s)
+    for buffer in (None, torch.full((b, t, h, dk, dv), float("nan"))):
+        out, got = recurrent_rule(q, k, v, gate, beta, state.clone(), buffer)
+        assert torch.allclose(out, torch.stack(outs, 2), atol=1e-5)
+        assert torch.allclose(got, torch.stack(states, 1), atol=1e-5)
 
 
 @pytest.mark.parametrize("prompt_len", [5, 140])

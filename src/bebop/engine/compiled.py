@@ -61,9 +61,9 @@ from bebop.sampling import SamplingParams
 COMPILE_CHOICES = ("auto", "on", "off")
 MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
 PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md)
-# a hybrid trunk runs compiled up to this many live rows: its compiled token-by-token recurrence beat eager at
-# batch 1 and lost at 8 and 64 rows on a CPU (docs/benchmarks.md)
-HYBRID_MAX_ROWS = 1
+# a hybrid trunk runs compiled up to this many live rows: its compiled token-by-token recurrence beat eager up
+# to 8 rows and lost at 64 on a CPU, where the eager step writes its states into kept storage (docs/benchmarks.md)
+HYBRID_MAX_ROWS = 8
 RECOMPILE_LIMIT = 64  # graphs per compiled function: batch 1 or more x chunk lengths x depths x rope tables
 
 _STEPS: weakref.WeakKeyDictionary[CausalLM, CompiledSteps] = weakref.WeakKeyDictionary()
@@ -268,7 +268,7 @@ class CompiledSteps(EagerSteps):
         self.compile_s += _CLOCK.seconds - compiling  # warm-up, not decoding
         if staged is not None:  # the hybrid chunk's per-position states, for a rollback inside it
             assert isinstance(cache, HybridCache)
-            cache.linear.windows, cache.linear.states = list(staged[0]), list(staged[1])
+            cache.linear.windows, cache.linear.states, cache.linear.initials = (list(x) for x in staged)
             cache.linear.every_position = True
         cache.span += chunk_len
         self.calls[name] += 1

@@ -50,7 +50,7 @@ def prefill(model: CausalLM, prompts: Sequence[Sequence[int]], cache: KVCache, *
         width = len(rows[0]) - 1
         ids = _padded([r[:-1] for r in rows], width, pad_id, model.device)  # (D, W) the prefixes
         counts = torch.tensor([len(r) - 1 for r in rows], dtype=torch.long, device=model.device)  # (D,)
-        scratch = model.new_cache(len(rows), width)
+        scratch = model.new_cache(len(rows), width, rollback=False)  # its rows are copied, never rolled back
         hidden = model(ids, scratch, counts)  # (D, W, H), eager: a prefill's shapes are its own
         targets = [b for b, p in enumerate(keys) if len(p) > 1 and where[p] in bucket]
         sources = [bucket.index(where[keys[b]]) for b in targets]

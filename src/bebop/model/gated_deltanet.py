@@ -23,7 +23,9 @@ from bebop.model.config import ModelConfig
 from bebop.model.context import AttentionContext
 
 CHUNK = 64  # tokens per chunk of chunked_rule
-SNAPSHOT_MAX = 128  # chunks up to this many tokens run recurrently and keep every position's state
+# chunks up to this many tokens (decode steps, verifies of up to MAX_K drafts) run recurrently and keep every
+# position's state, in a buffer the cache reuses; longer ones (prefills) run the chunked form
+SNAPSHOT_MAX = 16
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -31,37 +33,51 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   state: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k (B, Hv, T, Dk) normed and scaled, v (B, Hv, T, Dv), g, beta (B, Hv, T), state (B, Hv, Dk, Dv),
-    all float32 -> outputs (B, Hv, T, Dv) and the states after each position (B, T + 1, Hv, Dk, Dv),
-    index 0 the initial state."""
-    states = [state]
+    all float32 -> outputs (B, Hv, T, Dv) and the states after each position (B, T, Hv, Dk, Dv), written
+    into `out` when given (storage the cache reuses).
+
+    The state is the large operand (Dk x Dv a head): each position reads it once (k^T S and q^T S in one
+    matmul; the decay is a scalar a head, applied to what was read) and writes the next one in place in
+    the states tensor, with no state-sized temporaries."""
+    b, h, t, dk = k.shape
+    states = state.new_empty(b, t, h, dk, state.shape[-1]) if out is None else out  # (B, T, Hv, Dk, Dv)
+    assert states.shape == (b, t, h, dk, state.shape[-1]), (states.shape, state.shape)
+    decay = g.exp()[..., None]  # (B, Hv, T, 1)
+    qk = (q * k).sum(-1, keepdim=True)  # (B, Hv, T, 1)
+    probes = torch.stack([k, q], dim=3)  # (B, Hv, T, 2, Dk)
     outs = []
-    for t in range(q.shape[2]):
-        s = states[-1] * g[:, :, t, None, None].exp()  # (B, Hv, Dk, Dv)
-        delta = (v[:, :, t] - (s * k[:, :, t, :, None]).sum(-2)) * beta[:, :, t, None]  # (B, Hv, Dv)
-        s = s + k[:, :, t, :, None] * delta[:, :, None, :]
-        outs.append((s * q[:, :, t, :, None]).sum(-2))  # (B, Hv, Dv)
-        states.append(s)
-    return torch.stack(outs, dim=2), torch.stack(states, dim=1)
+    for i in range(t):
+        s = state if i == 0 else states[:, i - 1]  # (B, Hv, Dk, Dv)
+        read = probes[:, :, i] @ s  # (B, Hv, 2, Dv): k^T S and q^T S
+        e = decay[:, :, i]  # (B, Hv, 1)
+        delta = (v[:, :, i] - e * read[:, :, 0]) * beta[:, :, i, None]  # (B, Hv, Dv)
+        outs.append(e * read[:, :, 1] + qk[:, :, i] * delta)  # q^T (e S + k delta^T)
+        nxt = states[:, i]
+        torch.mul(s, e[..., None], out=nxt)
+        nxt.addcmul_(k[:, :, i, :, None], delta[:, :, None, :])  # e S + k delta^T
+    return torch.stack(outs, dim=2), states
 
 
 def chunked_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The same rule over chunks of CHUNK tokens (the UT transform of the DeltaNet papers): same
-    inputs as `recurrent_rule` -> outputs (B, Hv, T, Dv) and the final state (B, Hv, Dk, Dv)."""
+    inputs as `recurrent_rule` -> outputs (B, Hv, T, Dv) and the final state (B, Hv, Dk, Dv). A sequence
+    shorter than CHUNK is one chunk of its own length (no padding to CHUNK)."""
     b, h, t, dk = k.shape
-    pad = (CHUNK - t % CHUNK) % CHUNK
+    size = min(CHUNK, t)  # tokens a chunk
+    pad = (size - t % size) % size
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     g, beta = (F.pad(x, (0, pad)) for x in (g, beta))  # padded steps: no decay, no update
-    n = (t + pad) // CHUNK
-    q, k, v = (x.reshape(b, h, n, CHUNK, x.shape[-1]) for x in (q, k, v))  # (B, Hv, N, C, D)
-    k_beta, v_beta = k * beta.reshape(b, h, n, CHUNK, 1), v * beta.reshape(b, h, n, CHUNK, 1)
-    decay = g.reshape(b, h, n, CHUNK).cumsum(-1)  # (B, Hv, N, C): log decay from the chunk start
-    upper = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    n = (t + pad) // size
+    q, k, v = (x.reshape(b, h, n, size, x.shape[-1]) for x in (q, k, v))  # (B, Hv, N, C, D)
+    k_beta, v_beta = k * beta.reshape(b, h, n, size, 1), v * beta.reshape(b, h, n, size, 1)
+    decay = g.reshape(b, h, n, size).cumsum(-1)  # (B, Hv, N, C): log decay from the chunk start
+    upper = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
     pair = (decay[..., :, None] - decay[..., None, :]).masked_fill(upper, float("-inf")).exp()  # (B, Hv, N, C, C)
     system = (k_beta @ k.transpose(-1, -2)) * pair  # its strictly lower part: how earlier updates interfere
-    lower = torch.tril(system, -1) + torch.eye(CHUNK, dtype=q.dtype, device=q.device)  # (B, Hv, N, C, C)
+    lower = torch.tril(system, -1) + torch.eye(size, dtype=q.dtype, device=q.device)  # (B, Hv, N, C, C)
     new_v = torch.linalg.solve_triangular(lower, v_beta, upper=False, unitriangular=True)  # (B, Hv, N, C, Dv)
     k_decayed = torch.linalg.solve_triangular(lower, k_beta * decay.exp()[..., None], upper=False, unitriangular=True)
     intra = (q @ k.transpose(-1, -2)) * pair  # (B, Hv, N, C, C), causal within the chunk
@@ -72,7 +88,7 @@ def chunked_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
         u = new_v[:, :, i] - k_decayed[:, :, i] @ state  # (B, Hv, C, Dv): the corrections this chunk writes
         out[:, :, i] = q_decayed[:, :, i] @ state + intra[:, :, i] @ u
         state = state * decay[:, :, i, -1, None, None].exp() + k_tail[:, :, i].transpose(-1, -2) @ u
-    return out.reshape(b, h, n * CHUNK, -1)[:, :, :t], state
+    return out.reshape(b, h, n * size, -1)[:, :, :t], state
 
 
 class GatedRMSNorm(nn.Module):
@@ -130,16 +146,16 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(b, t, self.num_v_heads, self.dv).transpose(1, 2).float()  # (B, Hv, T, Dv)
         beta = self.in_proj_b(x).float().sigmoid().transpose(1, 2)  # (B, Hv, T)
         g = (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)).transpose(1, 2)
-        if linear is not None and t <= SNAPSHOT_MAX:
-            out, states = recurrent_rule(q, k, v, g, beta, state)  # every position's state: rollback-able
-            linear.stage(self.slot, window, states, every_position=True)
+        if linear is not None and linear.snapshots and t <= SNAPSHOT_MAX:  # every position's state: rollback-able
+            out, states = recurrent_rule(q, k, v, g, beta, state, linear.staging(self.slot, t))
+            linear.stage(self.slot, window, states, state, every_position=True)
         else:
             if linear is not None and ctx.num_new is not None:  # a ragged chunk: rows stop at num_new
                 keep = (torch.arange(t, device=x.device)[None] < ctx.num_new[:, None])[:, None]  # (B, 1, T)
                 g, beta = g * keep, beta * keep
             out, final = chunked_rule(q, k, v, g, beta, state)
             if linear is not None:
-                linear.stage(self.slot, window, torch.stack([state, final], dim=1), every_position=False)
+                linear.stage(self.slot, window, final[:, None], state, every_position=False)
         out = self.norm(out.transpose(1, 2).to(x.dtype), self.in_proj_z(x).view(b, t, self.num_v_heads, self.dv))
         return self.out_proj(out.reshape(b, t, self.value_dim))
 

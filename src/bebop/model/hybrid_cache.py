@@ -25,33 +25,61 @@ from bebop.model.kv_cache import KVCache
 
 class LinearStates:
     """conv (B, C, K-1) and recurrent (B, Hv, Dk, Dv, float32) states per linear layer, and what the last chunk
-    staged per layer. The states are separate tensors written in place (a compiled step writes the cache's own;
-    one stacked buffer would be copied whole at each layer's write)."""
+    staged per layer: its conv window, the states after its positions and the state before it. The states are
+    separate tensors: a compiled step writes the cache's own in place (one stacked buffer would be copied whole
+    at each layer's write); an eager step hands a row-complete one-token chunk's states over without a copy."""
 
-    def __init__(self, conv: list[torch.Tensor], recurrent: list[torch.Tensor]) -> None:
+    def __init__(self, conv: list[torch.Tensor], recurrent: list[torch.Tensor], *, snapshots: bool = True) -> None:
+        self.snapshots = snapshots  # whether a short chunk keeps every position's state (False: a prefill's scratch)
         self.conv = conv  # (B, C, K-1) per layer
         self.recurrent = recurrent  # (B, Hv, Dk, Dv) float32 per layer
         n = len(conv)
         self.windows: list[torch.Tensor | None] = [None] * n  # (B, C, K-1+T) per layer
-        self.states: list[torch.Tensor | None] = [None] * n  # (B, T+1, ...) or (B, 2, ...) per layer
+        self.states: list[torch.Tensor | None] = [None] * n  # (B, T, ...) after each position, or (B, 1, ...) its end
+        self.initials: list[torch.Tensor | None] = [None] * n  # (B, Hv, Dk, Dv): the state before the chunk
         self.every_position = True
+        # float32 storage a short chunk's states are written into, kept from step to step (a new (B, T, Hv, Dk,
+        # Dv) tensor each step is tens of MB at 64 rows, which the allocator maps afresh): per layer a pair for
+        # one-token chunks, whose states become the recurrent state in turn, and one for longer chunks
+        self.buffers: list[list[torch.Tensor]] = [[] for _ in range(n)]
 
     @classmethod
-    def zeros(cls, cfg: ModelConfig, batch_size: int, *, dtype: torch.dtype, device: torch.device | str) -> LinearStates:
+    def zeros(cls, cfg: ModelConfig, batch_size: int, *, dtype: torch.dtype, device: torch.device | str,
+              snapshots: bool = True) -> LinearStates:
         n, hv = len(cfg.linear_layers), cfg.linear_num_value_heads
         conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + hv * cfg.linear_value_head_dim
         conv = [torch.zeros(batch_size, conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dtype, device=device)
                 for _ in range(n)]
         recurrent = [torch.zeros(batch_size, hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                                  dtype=torch.float32, device=device) for _ in range(n)]
-        return cls(conv, recurrent)
+        return cls(conv, recurrent, snapshots=snapshots)
 
     def state(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.conv[slot], self.recurrent[slot]
 
-    def stage(self, slot: int, window: torch.Tensor, states: torch.Tensor, *, every_position: bool) -> None:
-        """A layer's chunk: its conv window (B, C, K-1+T) and states (B, T+1 or 2, Hv, Dk, Dv)."""
+    def staging(self, slot: int, t: int) -> torch.Tensor | None:
+        """Where a chunk of t tokens writes its states (B, t, Hv, Dk, Dv): a view of kept storage that the
+        layer's recurrent state does not live in, or None inside a compiled graph (which allocates its own)."""
+        if torch.compiler.is_compiling():
+            return None
+        recurrent = self.recurrent[slot]  # (B, Hv, Dk, Dv)
+        need = recurrent.numel() * t
+        kept = self.buffers[slot]
+        while len(kept) < 3:
+            kept.append(recurrent.new_empty(0))
+        live = recurrent.untyped_storage().data_ptr()
+        i = 2 if t > 1 else (1 if kept[0].untyped_storage().data_ptr() == live and kept[0].numel() else 0)
+        if kept[i].numel() < need:
+            kept[i] = recurrent.new_empty(need)
+        return kept[i][:need].view(recurrent.shape[0], t, *recurrent.shape[1:])
+
+    def stage(self, slot: int, window: torch.Tensor, states: torch.Tensor, initial: torch.Tensor, *,
+              every_position: bool) -> None:
+        """A layer's chunk: its conv window (B, C, K-1+T), states (B, T or 1, Hv, Dk, Dv) and the state before it
+        (B, Hv, Dk, Dv), which is the recurrent state itself (a compiled graph, which selects into that in
+        place, keeps a copy)."""
         self.windows[slot], self.states[slot] = window, states
+        self.initials[slot] = initial.clone() if torch.compiler.is_compiling() else initial
         self.every_position = every_position
 
     def select(self, kept: torch.Tensor, whole: torch.Tensor) -> None:
@@ -60,18 +88,28 @@ class LinearStates:
         if not self.windows or self.windows[0] is None:  # no linear layers, or no chunk read yet
             return
         rows = torch.arange(kept.shape[0], device=kept.device)
-        index = kept
-        if not self.every_position:
+        if self.every_position:
+            index = (kept - 1).clamp(min=0)  # (B,): position kept - 1 of the chunk's states
+        else:
             if bool(((kept != 0) & (kept != whole)).any()):
                 raise BebopError("cannot roll a linear-attention state back inside a chunk of more than "
                                  "SNAPSHOT_MAX tokens (only its start and end are kept)")
-            index = (kept == whole).long() * (whole > 0).long()
+            index = torch.zeros_like(kept)  # the chunk's end
+        moved = kept > 0  # (B,): rows whose state is one of the chunk's (else the state before it)
+        every_row = torch.compiler.is_compiling() or bool(moved.all())
         width = self.conv[0].shape[-1]
         span = kept[:, None, None] + torch.arange(width, device=kept.device)  # (B, 1, K-1)
-        for slot, (window, states) in enumerate(zip(self.windows, self.states)):
-            assert window is not None and states is not None
+        for slot, (window, states, initial) in enumerate(zip(self.windows, self.states, self.initials)):
+            assert window is not None and states is not None and initial is not None
             self.conv[slot].copy_(window.gather(2, span.expand(-1, window.shape[1], -1)))
-            self.recurrent[slot].copy_(states[rows, index])
+            if torch.compiler.is_compiling():  # in place: the graph's input is the cache's tensor
+                self.recurrent[slot].copy_(torch.where(moved[:, None, None, None], states[rows, index], initial))
+            elif every_row and states.shape[1] == 1:
+                self.recurrent[slot] = states[:, 0]  # (B, Hv, Dk, Dv), contiguous: no copy
+            elif every_row:  # one gather, no temporary
+                self.recurrent[slot] = states.flatten(0, 1).index_select(0, rows * states.shape[1] + index)
+            else:
+                self.recurrent[slot] = torch.where(moved[:, None, None, None], states[rows, index], initial)
 
     def copy_rows(self, source: LinearStates, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Rows dst (N,) take the conv and recurrent states of `source`'s rows src (N,)."""
@@ -83,16 +121,18 @@ class LinearStates:
         self.recurrent = [r.index_select(0, rows) for r in self.recurrent]
         self.windows = [None if w is None else w.index_select(0, rows) for w in self.windows]
         self.states = [None if s is None else s.index_select(0, rows) for s in self.states]
+        self.initials = [None if s is None else s.index_select(0, rows) for s in self.initials]
 
 
 class HybridCache(KVCache):
     """A KVCache over the attention layers that also holds `linear` (LinearStates)."""
 
     def __init__(self, cfg: ModelConfig, batch_size: int, capacity: int, *, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+                 device: torch.device | str, rollback: bool = True) -> None:
         super().__init__(len(cfg.attention_layers), batch_size, cfg.num_key_value_heads, cfg.head_dim, capacity,
                          dtype=dtype, device=device)
-        self.linear = LinearStates.zeros(cfg, batch_size, dtype=dtype, device=device)
+        # rollback=False: no chunk is ever rolled back into (a prefill's scratch), so chunks keep only their ends
+        self.linear = LinearStates.zeros(cfg, batch_size, dtype=dtype, device=device, snapshots=rollback)
         self.base = self.lengths.clone()  # (B,) lengths before the last chunk
         self.taken = torch.zeros_like(self.lengths)  # (B,) tokens each row took in the last chunk
 

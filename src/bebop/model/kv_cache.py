@@ -48,11 +48,12 @@ class KVCache:
 
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, Hkv, T, Dh) at `positions` (B, T); return this layer's used (B, Hkv, S, Dh)."""
-        b, h, t, d = k.shape
-        index = positions[:, None, :, None].expand(b, h, t, d)  # (B, Hkv, T, Dh)
-        self.k[layer].scatter_(2, index, k)
-        self.v[layer].scatter_(2, index, v)
-        s = self.key_span(t)
+        # index_put_ writes in place, eager and under inductor; a scatter_ copied the layer's whole buffer (twice
+        # in bfloat16 on CPU)
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1)
+        self.k[layer][rows, :, positions] = k.transpose(1, 2)  # [b, :, pos[b, t]] <- (B, T, Hkv, Dh)
+        self.v[layer][rows, :, positions] = v.transpose(1, 2)
+        s = self.key_span(k.shape[2])
         return self.k[layer][:, :, :s], self.v[layer][:, :, :s]
 
     def key_span(self, chunk_len: int) -> int:

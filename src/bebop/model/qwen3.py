@@ -116,11 +116,12 @@ class CausalLM(nn.Module):
         """MTP output (..., H), after its norm -> draft logits (..., V) float32 (shared LM head)."""
         return self.lm_head(mtp_hidden).float()
 
-    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
-        """A KV cache of the attention layers; a HybridCache (also the linear layers' states) for a hybrid."""
+    def new_cache(self, batch_size: int, capacity: int, *, rollback: bool = True) -> KVCache:
+        """A KV cache of the attention layers; a HybridCache (also the linear layers' states) for a hybrid.
+        rollback=False: a cache never rolled back into its last chunk (a prefill's scratch)."""
         cfg = self.config
         if cfg.linear_layers:
-            return HybridCache(cfg, batch_size, capacity, dtype=self.dtype, device=self.device)
+            return HybridCache(cfg, batch_size, capacity, dtype=self.dtype, device=self.device, rollback=rollback)
         return KVCache(cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, cfg.head_dim,
                        capacity, dtype=self.dtype, device=self.device)
 

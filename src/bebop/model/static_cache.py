@@ -32,15 +32,8 @@ class StaticView(KVCache):
     def check_room(self, chunk_len: int) -> None:
         """Checked by the engine on the host before the call (`KVCache.check_room`)."""
 
-    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v (B, Hkv, T, Dh) stored at `positions` (B, T) by index_put_, which inductor does in place (a
-        scatter_ made it copy the layer's whole buffer); -> the layer's whole buffer."""
-        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1)
-        self.k[layer][rows, :, positions] = k.transpose(1, 2)  # [b, :, pos[b, t]] <- (B, T, Hkv, Dh)
-        self.v[layer][rows, :, positions] = v.transpose(1, 2)
-        return self.k[layer], self.v[layer]
-
     def key_span(self, chunk_len: int) -> int:
+        """The whole buffer: KVCache.write returns it (a slice of its full length) for the mask to cut."""
         return self.capacity
 
     def advance(self, num_new: torch.Tensor, chunk_len: int) -> None:
@@ -50,7 +43,7 @@ class StaticView(KVCache):
 class HybridStaticView(StaticView):
     """A hybrid trunk's cache as a compiled step sees it: the attention layers' view, the linear layers' conv and
     recurrent states (the HybridCache's own tensors, selected in place) and its `base` / `taken` (B,). What the
-    chunk staged (`linear.windows`, `linear.states`) is graph-local: the step returns it, and the engine hands it
+    chunk staged (`linear.windows`, `.states`, `.initials`) is graph-local: the step returns it, and the engine hands it
     to the HybridCache so that a rollback after the verify selects from it."""
 
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
@@ -68,5 +61,5 @@ class HybridStaticView(StaticView):
         self.taken.copy_(num_new)
         self.linear.select(num_new, self.taken)
 
-    def staged(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-        return self.linear.windows, self.linear.states
+    def staged(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None], list[torch.Tensor | None]]:
+        return self.linear.windows, self.linear.states, self.linear.initials
