@@ -75,7 +75,8 @@ def test_a_compiled_hybrid_runs_eager_above_its_row_limit(tmp_path):
     model = headed_hybrid(tmp_path / "compiled")
     assert compile_steps(model, "on")
     prompts = ids_of(PROMPTS)
-    generate(model, prompts[:2], max_new_tokens=3, sampling=SamplingParams(0.0))  # 2-row steps: eager
+    over = (prompts * compiled.HYBRID_MAX_ROWS)[:compiled.HYBRID_MAX_ROWS + 1]
+    generate(model, over, max_new_tokens=3, sampling=SamplingParams(0.0))  # steps over the row limit: eager
     assert compiled_steps(model).calls["trunk"] == 0
     out = generate(model, prompts[:1], max_new_tokens=3, sampling=SamplingParams(0.0))  # 1 row: every step compiled
     assert compiled_steps(model).calls["trunk"] == 3

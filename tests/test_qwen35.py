@@ -41,8 +41,8 @@ def test_chunked_and_recurrent_rules_agree():
     state = torch.randn(b, h, dk, dv, generator=g)
     out_r, states = recurrent_rule(q, k, v, gate, beta, state)
     out_c, final = chunked_rule(q, k, v, gate, beta, state)
-    assert torch.allclose(out_r, out_c, atol=1e-4) and torch.allclose(states[:, -1], final, atol=1e-4)
-    assert states.shape == (b, t, h, dk, dv)
+    assert torch.allclose(out_r, out_c, atol=1e-4) and torch.allclose(states[-1], final, atol=1e-4)
+    assert states.shape == (t, b, h, dk, dv)
 
 
 def test_recurrent_rule_matches_the_rule_written_plainly():
@@ -61,10 +61,10 @@ def test_recurrent_rule_matches_the_rule_written_plainly():
         s = s + k[:, :, i, :, None] * delta[:, :, None, :]
         outs.append((s * q[:, :, i, :, None]).sum(-2))
         states.append(s)
-    for buffer in (None, torch.full((b, t, h, dk, dv), float("nan"))):
+    for buffer in (None, torch.full((t, b, h, dk, dv), float("nan"))):
         out, got = recurrent_rule(q, k, v, gate, beta, state.clone(), buffer)
         assert torch.allclose(out, torch.stack(outs, 2), atol=1e-5)
-        assert torch.allclose(got, torch.stack(states, 1), atol=1e-5)
+        assert torch.allclose(got, torch.stack(states), atol=1e-5)
 
 
 @pytest.mark.parametrize("prompt_len", [5, 140])

@@ -35,26 +35,27 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    state: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k (B, Hv, T, Dk) normed and scaled, v (B, Hv, T, Dv), g, beta (B, Hv, T), state (B, Hv, Dk, Dv),
-    all float32 -> outputs (B, Hv, T, Dv) and the states after each position (B, T, Hv, Dk, Dv), written
-    into `out` when given (storage the cache reuses).
+    all float32 -> outputs (B, Hv, T, Dv) and the states after each position (T, B, Hv, Dk, Dv), written
+    into `out` when given (storage the cache reuses; position-major, so each position's states are one
+    contiguous block).
 
     The state is the large operand (Dk x Dv a head): each position reads it once (k^T S and q^T S in one
     matmul; the decay is a scalar a head, applied to what was read) and writes the next one in place in
     the states tensor, with no state-sized temporaries."""
     b, h, t, dk = k.shape
-    states = state.new_empty(b, t, h, dk, state.shape[-1]) if out is None else out  # (B, T, Hv, Dk, Dv)
-    assert states.shape == (b, t, h, dk, state.shape[-1]), (states.shape, state.shape)
+    states = state.new_empty(t, b, h, dk, state.shape[-1]) if out is None else out  # (T, B, Hv, Dk, Dv)
+    assert states.shape == (t, b, h, dk, state.shape[-1]), (states.shape, state.shape)
     decay = g.exp()[..., None]  # (B, Hv, T, 1)
     qk = (q * k).sum(-1, keepdim=True)  # (B, Hv, T, 1)
     probes = torch.stack([k, q], dim=3)  # (B, Hv, T, 2, Dk)
     outs = []
     for i in range(t):
-        s = state if i == 0 else states[:, i - 1]  # (B, Hv, Dk, Dv)
+        s = state if i == 0 else states[i - 1]  # (B, Hv, Dk, Dv)
         read = probes[:, :, i] @ s  # (B, Hv, 2, Dv): k^T S and q^T S
         e = decay[:, :, i]  # (B, Hv, 1)
         delta = (v[:, :, i] - e * read[:, :, 0]) * beta[:, :, i, None]  # (B, Hv, Dv)
         outs.append(e * read[:, :, 1] + qk[:, :, i] * delta)  # q^T (e S + k delta^T)
-        nxt = states[:, i]
+        nxt = states[i]
         torch.mul(s, e[..., None], out=nxt)
         nxt.addcmul_(k[:, :, i, :, None], delta[:, :, None, :])  # e S + k delta^T
     return torch.stack(outs, dim=2), states
@@ -155,7 +156,7 @@ class GatedDeltaNet(nn.Module):
                 g, beta = g * keep, beta * keep
             out, final = chunked_rule(q, k, v, g, beta, state)
             if linear is not None:
-                linear.stage(self.slot, window, final[:, None], state, every_position=False)
+                linear.stage(self.slot, window, final[None], state, every_position=False)
         out = self.norm(out.transpose(1, 2).to(x.dtype), self.in_proj_z(x).view(b, t, self.num_v_heads, self.dv))
         return self.out_proj(out.reshape(b, t, self.value_dim))
 

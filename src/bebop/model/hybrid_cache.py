@@ -35,10 +35,10 @@ class LinearStates:
         self.recurrent = recurrent  # (B, Hv, Dk, Dv) float32 per layer
         n = len(conv)
         self.windows: list[torch.Tensor | None] = [None] * n  # (B, C, K-1+T) per layer
-        self.states: list[torch.Tensor | None] = [None] * n  # (B, T, ...) after each position, or (B, 1, ...) its end
+        self.states: list[torch.Tensor | None] = [None] * n  # (T, B, ...) after each position, or (1, B, ...) its end
         self.initials: list[torch.Tensor | None] = [None] * n  # (B, Hv, Dk, Dv): the state before the chunk
         self.every_position = True
-        # float32 storage a short chunk's states are written into, kept from step to step (a new (B, T, Hv, Dk,
+        # float32 storage a short chunk's states are written into, kept from step to step (a new (T, B, Hv, Dk,
         # Dv) tensor each step is tens of MB at 64 rows, which the allocator maps afresh): per layer a pair for
         # one-token chunks, whose states become the recurrent state in turn, and one for longer chunks
         self.buffers: list[list[torch.Tensor]] = [[] for _ in range(n)]
@@ -58,7 +58,7 @@ class LinearStates:
         return self.conv[slot], self.recurrent[slot]
 
     def staging(self, slot: int, t: int) -> torch.Tensor | None:
-        """Where a chunk of t tokens writes its states (B, t, Hv, Dk, Dv): a view of kept storage that the
+        """Where a chunk of t tokens writes its states (t, B, Hv, Dk, Dv): a view of kept storage that the
         layer's recurrent state does not live in, or None inside a compiled graph (which allocates its own)."""
         if torch.compiler.is_compiling():
             return None
@@ -71,11 +71,11 @@ class LinearStates:
         i = 2 if t > 1 else (1 if kept[0].untyped_storage().data_ptr() == live and kept[0].numel() else 0)
         if kept[i].numel() < need:
             kept[i] = recurrent.new_empty(need)
-        return kept[i][:need].view(recurrent.shape[0], t, *recurrent.shape[1:])
+        return kept[i][:need].view(t, *recurrent.shape)
 
     def stage(self, slot: int, window: torch.Tensor, states: torch.Tensor, initial: torch.Tensor, *,
               every_position: bool) -> None:
-        """A layer's chunk: its conv window (B, C, K-1+T), states (B, T or 1, Hv, Dk, Dv) and the state before it
+        """A layer's chunk: its conv window (B, C, K-1+T), states (T or 1, B, Hv, Dk, Dv) and the state before it
         (B, Hv, Dk, Dv), which is the recurrent state itself (a compiled graph, which selects into that in
         place, keeps a copy)."""
         self.windows[slot], self.states[slot] = window, states
@@ -103,13 +103,13 @@ class LinearStates:
             assert window is not None and states is not None and initial is not None
             self.conv[slot].copy_(window.gather(2, span.expand(-1, window.shape[1], -1)))
             if torch.compiler.is_compiling():  # in place: the graph's input is the cache's tensor
-                self.recurrent[slot].copy_(torch.where(moved[:, None, None, None], states[rows, index], initial))
-            elif every_row and states.shape[1] == 1:
-                self.recurrent[slot] = states[:, 0]  # (B, Hv, Dk, Dv), contiguous: no copy
+                self.recurrent[slot].copy_(torch.where(moved[:, None, None, None], states[index, rows], initial))
+            elif every_row and states.shape[0] == 1:
+                self.recurrent[slot] = states[0]  # (B, Hv, Dk, Dv), contiguous: no copy
             elif every_row:  # one gather, no temporary
-                self.recurrent[slot] = states.flatten(0, 1).index_select(0, rows * states.shape[1] + index)
+                self.recurrent[slot] = states.flatten(0, 1).index_select(0, index * states.shape[1] + rows)
             else:
-                self.recurrent[slot] = torch.where(moved[:, None, None, None], states[rows, index], initial)
+                self.recurrent[slot] = torch.where(moved[:, None, None, None], states[index, rows], initial)
 
     def copy_rows(self, source: LinearStates, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Rows dst (N,) take the conv and recurrent states of `source`'s rows src (N,)."""
@@ -120,7 +120,7 @@ class LinearStates:
         self.conv = [c.index_select(0, rows) for c in self.conv]
         self.recurrent = [r.index_select(0, rows) for r in self.recurrent]
         self.windows = [None if w is None else w.index_select(0, rows) for w in self.windows]
-        self.states = [None if s is None else s.index_select(0, rows) for s in self.states]
+        self.states = [None if s is None else s.index_select(1, rows) for s in self.states]
         self.initials = [None if s is None else s.index_select(0, rows) for s in self.initials]
 
 
