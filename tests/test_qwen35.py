@@ -8,6 +8,10 @@ from bebop.model import load_model
 from bebop.model.gated_deltanet import chunked_rule, recurrent_rule
 from qwen35_helpers import make_hf_qwen35
 
+# float32 rounding over the trunk: inference here multiplies by oneDNN's packed weights (model/packed_linear.py),
+# transformers by torch's default matmul, which sum in different orders (a wrong rule is off by far more)
+LOGITS_TOL = 3e-4
+
 
 @pytest.fixture(scope="module")
 def hf_qwen35_dir(tmp_path_factory):
@@ -29,7 +33,7 @@ def test_logits_match_transformers(hf_qwen35_dir, length):
     with torch.no_grad():
         expected = hf(ids).logits
         got = ours.logits(ours(ids))
-    assert (expected - got).abs().max().item() <= 1e-4
+    assert (expected - got).abs().max().item() <= LOGITS_TOL
 
 
 def test_chunked_and_recurrent_rules_agree():
@@ -80,7 +84,7 @@ def test_prefill_then_decode_matches_full_forward(hf_qwen35_dir, prompt_len):
         for t in range(prompt_len, prompt_len + 5):
             got.append(ours.logits(ours(ids[:, t: t + 1], cache))[:, -1])
     for i, logits in enumerate(got):
-        assert (logits - expected[:, prompt_len - 1 + i]).abs().max().item() <= 1e-4, i
+        assert (logits - expected[:, prompt_len - 1 + i]).abs().max().item() <= LOGITS_TOL, i
 
 
 @pytest.mark.parametrize("long", [False, True])
@@ -97,7 +101,7 @@ def test_ragged_prefill_keeps_each_row_at_its_own_length(hf_qwen35_dir, long):
         got = ours.logits(ours(nxt, cache))[:, -1]
         for i, n in enumerate(lengths):
             row = torch.cat([ids[i, :n], nxt[i]])[None]
-            assert (got[i] - hf(row).logits[0, -1]).abs().max().item() <= 1e-4, i
+            assert (got[i] - hf(row).logits[0, -1]).abs().max().item() <= LOGITS_TOL, i
 
 
 def test_rollback_inside_a_chunk_restores_the_states(hf_qwen35_dir):
@@ -113,7 +117,7 @@ def test_rollback_inside_a_chunk_restores_the_states(hf_qwen35_dir):
         nxt = torch.tensor([[int(ids[0, 12])], [int(ids[1, 14])]])
         got = ours.logits(ours(nxt, cache))[:, -1]
         for i, n in enumerate((12, 14)):
-            assert (got[i] - hf(ids[i: i + 1, : n + 1]).logits[0, -1]).abs().max().item() <= 1e-4, i
+            assert (got[i] - hf(ids[i: i + 1, : n + 1]).logits[0, -1]).abs().max().item() <= LOGITS_TOL, i
 
 
 def test_multimodal_checkpoint_loads_its_text_model_and_head(hf_qwen35_dir, tmp_path, capsys):
@@ -146,7 +150,7 @@ def test_multimodal_checkpoint_loads_its_text_model_and_head(hf_qwen35_dir, tmp_
     assert model.mtp is not None and model.config.linear_layers
     ids = _ids(1, 12, 9)
     with torch.no_grad():
-        assert (model.logits(model(ids)) - hf(ids).logits).abs().max().item() <= 1e-4
+        assert (model.logits(model(ids)) - hf(ids).logits).abs().max().item() <= LOGITS_TOL
         assert torch.equal(model.mtp.fc.weight, headed.mtp.fc.weight)
     save_model(model, tmp_path / "back")
     back = json.loads((tmp_path / "back" / "config.json").read_text())
@@ -173,7 +177,7 @@ def test_moe_logits_match_transformers(hf_moe_dir, length):
     assert ours.config.num_experts == 4 and ours.config.model_type == "qwen3_5_moe_text"
     ids = _ids(2, length, length + 1)
     with torch.no_grad():
-        assert (hf(ids).logits - ours.logits(ours(ids))).abs().max().item() <= 1e-4
+        assert (hf(ids).logits - ours.logits(ours(ids))).abs().max().item() <= LOGITS_TOL
 
 
 def test_moe_prefill_then_decode_and_save_round_trip(hf_moe_dir, tmp_path):
@@ -190,7 +194,7 @@ def test_moe_prefill_then_decode_and_save_round_trip(hf_moe_dir, tmp_path):
         for t in range(8, 11):
             got.append(ours.logits(ours(ids[:, t: t + 1], cache))[:, -1])
     for i, logits in enumerate(got):
-        assert (logits - expected[:, 7 + i]).abs().max().item() <= 1e-4, i
+        assert (logits - expected[:, 7 + i]).abs().max().item() <= LOGITS_TOL, i
     save_model(ours, tmp_path / "back")
     assert set(read_state_dict(tmp_path / "back")) == set(read_state_dict(path))  # per-expert names, as read
 

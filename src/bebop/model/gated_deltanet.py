@@ -21,6 +21,7 @@ from torch import nn
 
 from bebop.model.config import ModelConfig
 from bebop.model.context import AttentionContext
+from bebop.model.packed_linear import PackedLinear
 
 CHUNK = 64  # tokens per chunk of chunked_rule
 # chunks up to this many tokens (decode steps, verifies of up to MAX_K drafts) run recurrently and keep every
@@ -117,16 +118,16 @@ class GatedDeltaNet(nn.Module):
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.kernel = cfg.linear_conv_kernel_dim
         h = cfg.hidden_size
-        self.in_proj_qkv = nn.Linear(h, self.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(h, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(h, self.num_v_heads, bias=False)
-        self.in_proj_a = nn.Linear(h, self.num_v_heads, bias=False)
+        self.in_proj_qkv = PackedLinear(h, self.conv_dim, bias=False)
+        self.in_proj_z = PackedLinear(h, self.value_dim, bias=False)
+        self.in_proj_b = PackedLinear(h, self.num_v_heads, bias=False)
+        self.in_proj_a = PackedLinear(h, self.num_v_heads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False,
                                 padding=self.kernel - 1)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, h, bias=False)
+        self.out_proj = PackedLinear(self.value_dim, h, bias=False)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """x (B, T, H) -> (B, T, H). With a cache (a HybridCache), continues each row from its saved

@@ -17,6 +17,7 @@ from bebop.model.config import ModelConfig
 from bebop.model.context import AttentionContext
 from bebop.model.gated_deltanet import GatedDeltaNet
 from bebop.model.kv_cache import KVCache
+from bebop.model.packed_linear import PackedLinear
 
 
 class RMSNorm(nn.Module):
@@ -97,8 +98,8 @@ class Attention(nn.Module):
         bias = cfg.attention_bias
         self.q_size = self.num_heads * self.head_dim * (2 if self.gated else 1)
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.qkv_proj = PackedLinear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = PackedLinear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, cfg.rms_norm_offset)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, cfg.rms_norm_offset)
 
@@ -138,8 +139,8 @@ class MLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = PackedLinear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = PackedLinear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -155,10 +156,10 @@ class SparseMoE(nn.Module):
         super().__init__()
         h = cfg.hidden_size
         self.top_k = cfg.num_experts_per_tok
-        self.gate = nn.Linear(h, cfg.num_experts, bias=False)
+        self.gate = PackedLinear(h, cfg.num_experts, bias=False)
         self.experts = nn.ModuleList(MLP(h, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
         self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size)
-        self.shared_expert_gate = nn.Linear(h, 1, bias=False)
+        self.shared_expert_gate = PackedLinear(h, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # (N, H)

@@ -33,6 +33,7 @@ from torch import nn
 from bebop.model.config import ModelConfig
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import DecoderLayer, RMSNorm, attention_context
+from bebop.model.packed_linear import PackedLinear
 
 MTP_PREFIX = "mtp."  # every head tensor's name starts with it (module attribute `mtp` of CausalLM)
 
@@ -46,7 +47,7 @@ class MTPHead(nn.Module):
         self.config = cfg
         self.pre_fc_norm_embedding = RMSNorm(h, eps, offset)
         self.pre_fc_norm_hidden = RMSNorm(h, eps, offset)
-        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.fc = PackedLinear(2 * h, h, bias=False)
         layer_cfg = replace(cfg, intermediate_size=cfg.mtp_intermediate_size or cfg.intermediate_size)
         self.layers = nn.ModuleList(DecoderLayer(layer_cfg, i) for i in range(cfg.mtp_num_hidden_layers))
         self.norm = RMSNorm(h, eps, offset)

@@ -23,6 +23,7 @@ from bebop.model.hybrid_cache import HybridCache
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import RMSNorm, attention_context, trunk_layers
 from bebop.model.mtp import MTP_PREFIX, MTPHead
+from bebop.model.packed_linear import PackedLinear
 from bebop.model.weight_files import StoredLayout
 
 
@@ -39,7 +40,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = Qwen3Model(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = PackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MTPHead(cfg) if cfg.mtp_num_hidden_layers else None

@@ -1,0 +1,87 @@
+"""model/packed_linear.py: inference on oneDNN's packed weights equals F.linear to rounding, never runs on a
+stale copy after the weight changes, stays out of autograd, and is never saved or copied with the model."""
+
+import copy
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bebop.engine import generate
+from bebop.model import load_model, packed_linear
+from bebop.model.packed_linear import PackedLinear
+from bebop.sampling import SamplingParams
+from conftest import make_hf_model
+from spec_helpers import PROMPTS, ids_of
+
+
+def _layer(dtype=torch.float32, bias=True):
+    torch.manual_seed(0)
+    return PackedLinear(64, 96, bias=bias).to(dtype)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("shape", [(5, 64), (3, 4, 64)])
+def test_packed_inference_equals_f_linear(dtype, tol, shape):
+    layer = _layer(dtype)
+    x = torch.randn(shape, dtype=dtype)
+    with torch.no_grad():
+        got = layer(x)
+    assert got.shape == (*shape[:-1], 96)
+    assert packed_linear._COPIES.get(id(layer.weight)) is not None  # the packed path ran
+    want = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+    assert (got.float() - want).abs().max().item() <= tol * want.abs().max().item()
+
+
+def test_a_changed_weight_is_packed_again():
+    """An optimizer step and a load_state_dict write the weight in place: the next inference uses the new one."""
+    layer = _layer()
+    x = torch.randn(2, 64)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    with torch.no_grad():
+        layer(x)  # packs the first weight
+    layer(x).square().sum().backward()
+    opt.step()
+    with torch.no_grad():
+        assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5)
+        layer.load_state_dict({"weight": torch.zeros(96, 64), "bias": torch.ones(96)})
+        assert torch.equal(layer(x), torch.ones(2, 96))
+
+
+def test_training_takes_f_linear_and_gets_gradients():
+    layer = _layer()
+    x = torch.randn(2, 64)
+    out = layer(x)
+    assert out.requires_grad and id(layer.weight) not in packed_linear._COPIES
+    out.sum().backward()
+    assert layer.weight.grad is not None and torch.allclose(layer.weight.grad, x.sum(0).expand(96, 64))
+
+
+def test_copies_are_not_saved_copied_or_kept():
+    layer = _layer()
+    with torch.no_grad():
+        layer(torch.randn(2, 64))
+    key = id(layer.weight)
+    assert key in packed_linear._COPIES
+    assert set(layer.state_dict()) == {"weight", "bias"}
+    twin = copy.deepcopy(layer)
+    assert id(twin.weight) not in packed_linear._COPIES
+    del layer
+    gc.collect()
+    assert key not in packed_linear._COPIES
+
+
+def test_rollouts_after_an_update_use_the_updated_weights(tmp_path):
+    """Greedy decoding after the policy's weights were replaced in place equals a model built with those
+    weights: no rollout runs on a stale packed copy (the RL loop's update, a weight sync)."""
+    make_hf_model(seed=0).save_pretrained(tmp_path / "a")
+    make_hf_model(seed=1).save_pretrained(tmp_path / "b")
+    policy, other = load_model(tmp_path / "a"), load_model(tmp_path / "b")
+    prompts = ids_of(PROMPTS)
+    greedy = SamplingParams(0.0)
+    before = [g.token_ids for g in generate(policy, prompts, max_new_tokens=8, sampling=greedy)]
+    policy.load_state_dict(other.state_dict())
+    after = [g.token_ids for g in generate(policy, prompts, max_new_tokens=8, sampling=greedy)]
+    assert after == [g.token_ids for g in generate(other, prompts, max_new_tokens=8, sampling=greedy)]
+    assert after != before  # the two models decode differently, so a stale copy would show
