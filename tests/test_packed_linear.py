@@ -12,8 +12,15 @@ from bebop.engine import generate
 from bebop.model import load_model, packed_linear
 from bebop.model.packed_linear import PackedLinear
 from bebop.sampling import SamplingParams
+
 from conftest import make_hf_model
 from spec_helpers import PROMPTS, ids_of
+
+
+@pytest.fixture(autouse=True)
+def always_packed(monkeypatch):
+    """Every CPU product packed, however small (the default leaves small float32 ones to F.linear)."""
+    monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 0)
 
 
 def _layer(dtype=torch.float32, bias=True):
@@ -47,6 +54,19 @@ def test_a_changed_weight_is_packed_again():
         assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5)
         layer.load_state_dict({"weight": torch.zeros(96, 64), "bias": torch.ones(96)})
         assert torch.equal(layer(x), torch.ones(2, 96))
+
+
+def test_small_float32_products_keep_f_linear(monkeypatch):
+    monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 300_000)
+    layer = _layer()
+    with torch.no_grad():
+        layer(torch.randn(packed_linear.MIN_ROWS - 1, 64))
+        assert id(layer.weight) not in packed_linear._COPIES
+        layer(torch.randn(2, packed_linear.MIN_ROWS // 2, 64))  # rows counted over every leading dimension
+        assert id(layer.weight) in packed_linear._COPIES
+        big = PackedLinear(600, 500, bias=False)
+        big(torch.randn(1, 600))
+        assert id(big.weight) in packed_linear._COPIES
 
 
 def test_training_takes_f_linear_and_gets_gradients():

@@ -7,16 +7,16 @@
 A CPU matmul through `F.linear` reads the weight in its plain row-major layout; oneDNN's own kernels
 want it reordered into their blocked layout first, which is what inductor does for a frozen graph
 and what vLLM-CPU does at load time. Decoding multiplies by the same weights every step, so the
-copy is made once and reused: on a 2-core AMD EPYC a 512 x 3072 float32 layer ran 1.6x faster at
-one row and 3-4x at 8-64 rows, bfloat16 3x at one row (docs/benchmarks.md).
+copy is made once and reused (docs/benchmarks.md has the measured gains: up to several times on
+bfloat16 and on float32 at many rows). Small float32 products keep F.linear, whose fixed cost is lower.
 
 The packed copy is used only where it cannot be stale or in the way: no autograd (training takes
 `F.linear`), not inside a compiled graph (inductor lowers the matmul itself), a CPU tensor of the
 weight's dtype. It is remade whenever the weight changes: the key is the weight tensor and its
 version counter, which every in-place write bumps (an optimizer step, `load_state_dict`, a weight
-sync), so an RL step's update reaches the next rollout. The copies are held apart from the module, by
-the weight's identity, so they are never saved or copied with the model, and leave with the weight. `PACKED = False`
-(or BEBOP_PACKED_LINEAR=0) turns the path off.
+sync), so an RL step's update reaches the next rollout. The copies are held apart from the module,
+by the weight's identity, so they are never saved or copied with the model, and leave with the
+weight. `PACKED = False` (or BEBOP_PACKED_LINEAR=0) turns the path off.
 """
 
 from __future__ import annotations
@@ -35,11 +35,20 @@ _DTYPES = (torch.float32, torch.bfloat16)
 _COPIES: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
 
+# a packed call has a fixed cost of its own: a float32 product takes it from this many weight elements or rows
+# (below both, F.linear's small matmul is faster); bfloat16 takes it always (F.linear's is slower still)
+MIN_WEIGHT = 300_000
+MIN_ROWS = 32
+
+
 def _usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (PACKED and x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _DTYPES
+    if not (PACKED and x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _DTYPES
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-            and torch.backends.mkldnn.is_available()
-            and (x.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+            and torch.backends.mkldnn.is_available()):
+        return False
+    if x.dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return weight.numel() >= MIN_WEIGHT or x.numel() >= MIN_ROWS * x.shape[-1]
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
