@@ -30,7 +30,7 @@ def hybrid(request, tmp_path_factory):
     if request.param == "compiled":
         assert compile_steps(model, "on")
         patch = pytest.MonkeyPatch()
-        patch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the default: up to 8 rows)
+        patch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the CPU default: none)
         yield model
         patch.undo()
         return
@@ -58,7 +58,7 @@ def test_compiled_hybrid_speculation_equals_eager_greedy(tmp_path, monkeypatch):
     eager = headed_hybrid(tmp_path / "eager")
     model = headed_hybrid(tmp_path / "compiled")
     assert compile_steps(model, "on")
-    monkeypatch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the default: up to 8 rows)
+    monkeypatch.setattr(compiled, "HYBRID_MAX_ROWS", 1 << 20)  # compiled at every batch size (the CPU default: none)
     prompts = ids_of(PROMPTS)
     ref = generate(eager, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[EOS])
     plain = generate(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[EOS])
@@ -70,12 +70,13 @@ def test_compiled_hybrid_speculation_equals_eager_greedy(tmp_path, monkeypatch):
     assert steps.failed is None and steps.calls["trunk"] and steps.calls["verify"] and steps.calls["draft"]
 
 
-def test_a_compiled_hybrid_runs_eager_above_its_row_limit(tmp_path):
+def test_a_compiled_hybrid_runs_eager_above_its_row_limit(tmp_path, monkeypatch):
     """The default suite's compiled hybrid (the full set, batched and speculative, is -m slow)."""
     model = headed_hybrid(tmp_path / "compiled")
     assert compile_steps(model, "on")
+    monkeypatch.setattr(compiled, "HYBRID_MAX_ROWS", 1)
     prompts = ids_of(PROMPTS)
-    over = (prompts * compiled.HYBRID_MAX_ROWS)[:compiled.HYBRID_MAX_ROWS + 1]
+    over = prompts[:2]
     generate(model, over, max_new_tokens=3, sampling=SamplingParams(0.0))  # steps over the row limit: eager
     assert compiled_steps(model).calls["trunk"] == 0
     out = generate(model, prompts[:1], max_new_tokens=3, sampling=SamplingParams(0.0))  # 1 row: every step compiled

@@ -25,8 +25,8 @@ and every RL step reuse it, with no padding rows. Weights are graph inputs, and 
 module's structure, not its identity: an optimizer's in-place update (each RL step) and a copy of the
 same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticView: its Gated DeltaNet
 states are selected in place, and what a chunk staged for a rollback comes back from the graph); its
-recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it, and it
-runs compiled only up to HYBRID_MAX_ROWS live rows. What stays eager (the same functions, uncompiled): a
+recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it, and on a
+CPU it runs compiled only up to HYBRID_MAX_ROWS live rows. What stays eager (the same functions, uncompiled): a
 prefill, a catch-up refresh wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid
 cache's rollback.
 
@@ -61,9 +61,10 @@ from bebop.sampling import SamplingParams
 COMPILE_CHOICES = ("auto", "on", "off")
 MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
 PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md)
-# a hybrid trunk runs compiled up to this many live rows: its compiled token-by-token recurrence beat eager up
-# to 8 rows and lost at 64 on a CPU, where the eager step writes its states into kept storage (docs/benchmarks.md)
-HYBRID_MAX_ROWS = 8
+# on a CPU a hybrid trunk runs compiled up to this many live rows: there its eager step, on oneDNN's packed
+# weights (model/packed_linear.py, which a graph does not use), matched the compiled one at one row and beat it
+# from 8 (docs/benchmarks.md); on other devices a hybrid compiles at every batch size
+HYBRID_MAX_ROWS = 0
 RECOMPILE_LIMIT = 64  # graphs per compiled function: batch 1 or more x chunk lengths x depths x rope tables
 
 _STEPS: weakref.WeakKeyDictionary[CausalLM, CompiledSteps] = weakref.WeakKeyDictionary()
@@ -231,7 +232,7 @@ class CompiledSteps(EagerSteps):
         """The graph `name`(model, views of the cache's used span, *args), the host span advanced as an eager forward does;
         `eager()` instead when compiling fails. `dynamic_chunk`: dimension 1 of the chunk's (B, T, ...) inputs is
         dynamic (one graph for every chunk length from 2 up)."""
-        if isinstance(cache, HybridCache) and cache.batch_size > HYBRID_MAX_ROWS:
+        if isinstance(cache, HybridCache) and cache.lengths.device.type == "cpu" and cache.batch_size > HYBRID_MAX_ROWS:
             return eager()
         cache.check_room(chunk_len)
         args = tuple(_row_major(a) if isinstance(a, torch.Tensor) else a for a in args)
