@@ -68,3 +68,12 @@ def test_mtp_train_sampling_on_vllm_without_vllm_is_one_line(headed, tmp_path, c
                  "--num-samples", "2", "--max-new-tokens", "4", "--engine", "vllm", "--vllm-python", no_vllm_python,
                  "--device", "cpu"]) == 2
     assert "cannot import vllm" in capsys.readouterr().err and not out.exists()
+
+
+def test_mtp_train_checks_its_vllm_timeout_before_anything_runs(headed, tmp_path, capsys, no_vllm_python):
+    out = tmp_path / "trained"
+    assert main(["mtp", "train", "--model", str(headed), "--out", str(out), "--steps", "1", "--depths", "2",
+                 "--num-samples", "2", "--max-new-tokens", "4", "--engine", "vllm", "--vllm-python", no_vllm_python,
+                 "--vllm-timeout", "0", "--device", "cpu"]) == 2
+    assert "--vllm-timeout must be a positive number of seconds, got 0.0" in capsys.readouterr().err
+    assert not out.exists()

@@ -176,7 +176,7 @@ def _add_train(mtp_sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in OUT (--out, else --model)")
     add_log_args(p, run_dir="OUT (--out, else --model)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (not part of the run: resume anywhere)")
-    add_field_flags(p, DecodeSpec, only=("vllm_python",))
+    add_field_flags(p, DecodeSpec, only=("vllm_python", "vllm_timeout"))
     add_progress_args(p)
     add_learner_args(p, _check_train_ranks)
     p.set_defaults(func=run_train)
@@ -195,7 +195,8 @@ def run_train(args: argparse.Namespace) -> None:
     cfg = MTPTrainConfig(**config_values(MTPTrainConfig, args))
     summary = train_mtp(args.model, cfg, out=args.out, resume=args.resume, progress=not args.no_progress,
                         loggers=args.log or (),
-                        device=args.device, vllm_python=args.vllm_python or None, parallel=args.parallel)
+                        device=args.device, vllm=DecodeSpec(engine=cfg.engine, vllm_python=args.vllm_python,
+                                                            vllm_timeout=args.vllm_timeout), parallel=args.parallel)
     if env_world().is_main:
         print(json.dumps(summary))
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from bebop.decoding import DecodeSpec
 from bebop.distributed.learner import Learner, join_world
 from bebop.distributed.parallel import Parallel
 from bebop.distributed.world import World
@@ -165,7 +166,7 @@ def _held_out_measure(policy: Policy, held: list[Sequence], cfg: MTPTrainConfig)
 
 def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | None = None, resume: bool = False,
               progress: bool = True, data_cache: str | Path | None = None, loggers: LoggerNames = (),
-              device: str = "auto", vllm_python: str | None = None, parallel: str = "fsdp") -> dict:
+              device: str = "auto", vllm: DecodeSpec | None = None, parallel: str = "fsdp") -> dict:
     """Train the head of the model in `model_dir` on `device` (auto, cpu, cuda, cuda:N); write it to `out`
     (default: model_dir). Per-step metrics: OUT/mtp_metrics.jsonl (and the trackers in `loggers`: bebop.loggers).
     The device is not part of the run: a run resumes on another one. With --held-out and --eval-every the head
@@ -176,7 +177,7 @@ def train_mtp(model_dir: str | Path, cfg: MTPTrainConfig, *, out: str | Path | N
     policy, state = _start(Path(model_dir), out, cfg, resume, device)
     if state is not None and state.get("stopped"):  # patience ran out: the run is done
         return _summary(cfg, out, state["step"], Patience.from_state(state["patience"]), None, 0.0)
-    data, held = split_held_out(load_data_ranked(policy, cfg, Path(model_dir), data_cache, progress, vllm_python,
+    data, held = split_held_out(load_data_ranked(policy, cfg, Path(model_dir), data_cache, progress, vllm,
                                                   world), cfg)
     if state is None and out != Path(model_dir) and world.is_main:
         save_model(policy.model, out)

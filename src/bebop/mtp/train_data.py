@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 
 from bebop.decoding import DecodeSpec, open_engine
@@ -38,9 +39,10 @@ def load_data(policy: Policy, cfg: MTPTrainConfig, cache_dir: Path, progress: bo
     return data
 
 
-def sampler_opener(policy: Policy, model_dir: Path, cfg: MTPTrainConfig, python: str | None):
-    """What opens the engine that samples self-distillation (bebop's, eager; or a vLLM worker), on a cache miss."""
-    spec = DecodeSpec(engine=cfg.engine, compile="off", vllm_python=python or "")
+def sampler_opener(policy: Policy, model_dir: Path, cfg: MTPTrainConfig, vllm: DecodeSpec | None):
+    """What opens the engine that samples self-distillation (bebop's, eager; or a vLLM worker, `vllm` carrying its
+    Python and timeout), on a cache miss."""
+    spec = replace(vllm or DecodeSpec(), engine=cfg.engine, compile="off")
     return lambda: open_engine(policy, spec, model_dir=model_dir, rows=cfg.num_samples, batch_size=SAMPLE_BATCH,
                                max_new_tokens=cfg.max_new_tokens, sampling=SamplingParams(cfg.temperature),
                                seed=cfg.seed)
@@ -55,10 +57,10 @@ def split_held_out(data: list[Sequence], cfg: MTPTrainConfig) -> tuple[list[Sequ
 
 
 def load_data_ranked(policy: Policy, cfg: MTPTrainConfig, model_dir: Path, data_cache: str | Path | None,
-                      progress: bool, vllm_python: str | None, world: World) -> list[Sequence]:
+                      progress: bool, vllm: DecodeSpec | None, world: World) -> list[Sequence]:
     """The training sequences; with several ranks, rank 0 samples (and caches) them first, then the others read."""
     cache = Path(data_cache or model_dir / "mtp_data")
-    opener = sampler_opener(policy, model_dir, cfg, vllm_python)
+    opener = sampler_opener(policy, model_dir, cfg, vllm)
     data = load_data(policy, cfg, cache, progress, opener) if world.is_main else []
     world.barrier()
     return data if world.is_main else load_data(policy, cfg, cache, False, opener)
