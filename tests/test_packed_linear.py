@@ -3,6 +3,7 @@ stale copy after the weight changes, stays out of autograd, and is never saved o
 
 import copy
 import gc
+import threading
 
 import pytest
 import torch
@@ -19,8 +20,11 @@ from spec_helpers import PROMPTS, ids_of
 
 @pytest.fixture(autouse=True)
 def always_packed(monkeypatch):
-    """Every CPU product packed, however small (the default leaves small float32 ones to F.linear)."""
+    """Every CPU product packed, however small (the default leaves small float32 ones to F.linear), as inside the
+    engine's decoding."""
     monkeypatch.setattr(packed_linear, "MIN_WEIGHT", 0)
+    with packed_linear.decoding():
+        yield
 
 
 def _layer(dtype=torch.float32, bias=True):
@@ -105,3 +109,30 @@ def test_rollouts_after_an_update_use_the_updated_weights(tmp_path):
     after = [g.token_ids for g in generate(policy, prompts, max_new_tokens=8, sampling=greedy)]
     assert after == [g.token_ids for g in generate(other, prompts, max_new_tokens=8, sampling=greedy)]
     assert after != before  # the two models decode differently, so a stale copy would show
+
+
+def test_a_layer_made_under_inference_mode_keeps_f_linear():
+    """Its weight is an inference tensor, which keeps no version counter: a packed copy could go stale unseen."""
+    with torch.inference_mode():
+        layer = _layer()
+        x = torch.randn(2, 64)
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert id(layer.weight) not in packed_linear._COPIES
+
+
+def test_no_grad_passes_outside_decoding_keep_f_linear():
+    """A learner's no-grad pass (old log-probs, an anchor) is not decoding: its weights may be gathered anew."""
+    layer = _layer()
+    x = torch.randn(2, 64)
+
+    def learner_pass():
+        with torch.no_grad():
+            layer(x)
+
+    done = threading.Thread(target=learner_pass)  # a thread of its own starts outside decoding()
+    done.start()
+    done.join()
+    assert id(layer.weight) not in packed_linear._COPIES
+    with torch.no_grad():
+        layer(x)  # this test's thread is inside decoding() (the fixture)
+    assert id(layer.weight) in packed_linear._COPIES

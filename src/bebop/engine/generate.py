@@ -28,6 +28,7 @@ from bebop.engine.prefill import prefill
 from bebop.engine.records import Generation
 from bebop.engine.rows import Observer, RowBook
 from bebop.errors import BebopError
+from bebop.model.packed_linear import decoding
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams, entropy, sample, to_host, token_logprob, warp_probs
 
@@ -77,6 +78,7 @@ def rows_to_keep(book: RowBook, live: list[int]) -> list[int] | None:
 
 
 @torch.inference_mode()
+@decoding()
 def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              sampling: SamplingParams = SamplingParams(), stop_ids: Sequence[int] = (),
              generator: torch.Generator | None = None, pad_id: int = 0,

@@ -47,6 +47,7 @@ from bebop.engine.step_costs import step_costs, without_head
 from bebop.engine.suffix_drafter import DRAFTERS, MIN_MATCH, SourceChooser, SuffixDrafter, index_for, point_mass_drafts
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
+from bebop.model.packed_linear import decoding
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams
 from bebop.sampling.warp import read_host
@@ -100,6 +101,7 @@ def _draft(steps: EagerSteps, model: CausalLM, mtp_cache, ref_hidden: torch.Tens
 
 
 @torch.inference_mode()
+@decoding()
 def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k: int | str, mode: str,
                          max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
                          stop_ids: Sequence[int] = (), generator: torch.Generator | None = None, pad_id: int = 0,

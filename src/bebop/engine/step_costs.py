@@ -34,6 +34,7 @@ import torch
 from bebop.engine.compiled import is_compiled, steps_of
 from bebop.engine.metrics import rows_bucket
 from bebop.model.kv_cache import KVCache
+from bebop.model.packed_linear import decoding
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams
 
@@ -138,6 +139,7 @@ def profile_rows(max_rows: int) -> list[int]:
 
 
 @torch.inference_mode()
+@decoding()
 def profile(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
             sampling: SamplingParams = SamplingParams(1.0)) -> StepCosts:
     """Time the verify at every k from 0 (a plain step) to max_k and one drafting forward, at a few row counts,

@@ -1,7 +1,7 @@
 """Linear layers that run inference on a CPU with oneDNN's packed weights.
 
     layer = PackedLinear(512, 3072, bias=False)   # an nn.Linear: same parameters, same state_dict
-    with torch.no_grad():
+    with torch.no_grad(), decoding():
         y = layer(x)                              # on a CPU: oneDNN's matmul on a packed copy of the weight
 
 A CPU matmul through `F.linear` reads the weight in its plain row-major layout; oneDNN's own kernels
@@ -10,11 +10,14 @@ and what vLLM-CPU does at load time. Decoding multiplies by the same weights eve
 copy is made once and reused (docs/benchmarks.md has the measured gains: up to several times on
 bfloat16 and on float32 at many rows). Small float32 products keep F.linear, whose fixed cost is lower.
 
-The packed copy is used only where it cannot be stale or in the way: no autograd (training takes
-`F.linear`), not inside a compiled graph (inductor lowers the matmul itself), a CPU tensor of the
-weight's dtype. It is remade whenever the weight changes: the key is the weight tensor and its
-version counter, which every in-place write bumps (an optimizer step, `load_state_dict`, a weight
-sync), so an RL step's update reaches the next rollout. The copies are held apart from the module,
+The packed copy is used only inside `decoding()` (the engine's generate, speculative_generate and
+cost profile enter it; a learner's no-grad passes, whose weights a sharded learner gathers anew, do
+not), and only where it cannot be stale or in the way: no autograd (training takes `F.linear`), not
+inside a compiled graph (inductor lowers the matmul itself), a CPU tensor of the weight's dtype, a
+weight with a version counter (not one made under inference_mode). The copy is remade whenever the
+weight changes: the key is the weight tensor and its version counter, which every in-place write
+bumps (an optimizer step, `load_state_dict`, a weight sync), so an RL step's update reaches the
+next rollout. The copies are held apart from the module,
 by the weight's identity, so they are never saved or copied with the model, and leave with the
 weight. `PACKED = False` (or BEBOP_PACKED_LINEAR=0) turns the path off.
 """
@@ -22,7 +25,10 @@ weight. `PACKED = False` (or BEBOP_PACKED_LINEAR=0) turns the path off.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +41,20 @@ _DTYPES = (torch.float32, torch.bfloat16)
 _COPIES: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
 
+_SCOPE = threading.local()  # .on: this thread is inside decoding()
+
+
+@contextmanager
+def decoding() -> Iterator[None]:
+    """Inference matmuls in this thread may take packed weights (also a decorator)."""
+    before = getattr(_SCOPE, "on", False)
+    _SCOPE.on = True
+    try:
+        yield
+    finally:
+        _SCOPE.on = before
+
+
 # a packed call has a fixed cost of its own: a float32 product takes it from this many weight elements or rows
 # (below both, F.linear's small matmul is faster); bfloat16 takes it always (F.linear's is slower still)
 MIN_WEIGHT = 300_000
@@ -42,8 +62,9 @@ MIN_ROWS = 32
 
 
 def _usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    if not (PACKED and x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _DTYPES
+    if not (PACKED and getattr(_SCOPE, "on", False) and x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _DTYPES
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and not weight.is_inference()  # made under inference_mode: no version counter to notice a change
             and torch.backends.mkldnn.is_available()):
         return False
     if x.dtype == torch.bfloat16:
