@@ -63,12 +63,14 @@ class LinearStates:
         if torch.compiler.is_compiling():
             return None
         recurrent = self.recurrent[slot]  # (B, Hv, Dk, Dv)
-        need = recurrent.numel() * t
         kept = self.buffers[slot]
-        while len(kept) < 3:
-            kept.append(recurrent.new_empty(0))
-        live = recurrent.untyped_storage().data_ptr()
-        i = 2 if t > 1 else (1 if kept[0].untyped_storage().data_ptr() == live and kept[0].numel() else 0)
+        if not kept:
+            kept += [recurrent.new_empty(0) for _ in range(3)]  # a one-token pair, then longer chunks'
+        if t > 1:
+            i = 2
+        else:  # the one of the pair the recurrent state does not live in
+            i = int(kept[0].untyped_storage().data_ptr() == recurrent.untyped_storage().data_ptr())
+        need = recurrent.numel() * t
         if kept[i].numel() < need:
             kept[i] = recurrent.new_empty(need)
         return kept[i][:need].view(t, *recurrent.shape)

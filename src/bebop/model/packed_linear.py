@@ -17,13 +17,13 @@ inside a compiled graph (inductor lowers the matmul itself), a CPU tensor of the
 weight with a version counter (not one made under inference_mode). The copy is remade whenever the
 weight changes: the key is the weight tensor and its version counter, which every in-place write
 bumps (an optimizer step, `load_state_dict`, a weight sync), so an RL step's update reaches the
-next rollout. The copies are held apart from the module,
-by the weight's identity, so they are never saved or copied with the model, and leave with the
-weight. `PACKED = False` (or BEBOP_PACKED_LINEAR=0) turns the path off.
+next rollout. The copies are held apart from the module, by the weight's identity, so they are never
+saved or copied with the model, and leave with the weight. `PACKED = False` (or BEBOP_PACKED_LINEAR=0) turns the path off.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -39,8 +39,6 @@ _DTYPES = (torch.float32, torch.bfloat16)
 # id(weight) -> (a weak reference to it, its version when packed, the packed copy); an entry leaves with its
 # weight (a tensor's == is elementwise, so a WeakKeyDictionary, which compares keys, cannot hold tensors)
 _COPIES: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
-
-
 _SCOPE = threading.local()  # .on: this thread is inside decoding()
 
 
@@ -61,23 +59,29 @@ MIN_WEIGHT = 300_000
 MIN_ROWS = 32
 
 
+@functools.cache
+def _onednn(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's linear runs in `dtype` here (asked once a process, not on every call)."""
+    supported = dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype in _DTYPES and torch.backends.mkldnn.is_available() and supported
+
+
 def _usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    if not (PACKED and getattr(_SCOPE, "on", False) and x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _DTYPES
+    if not (PACKED and getattr(_SCOPE, "on", False) and x.device.type == "cpu" and x.dtype == weight.dtype
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
             and not weight.is_inference()  # made under inference_mode: no version counter to notice a change
-            and torch.backends.mkldnn.is_available()):
+            and _onednn(x.dtype)):
         return False
-    if x.dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return weight.numel() >= MIN_WEIGHT or x.numel() >= MIN_ROWS * x.shape[-1]
+    return x.dtype == torch.bfloat16 or weight.numel() >= MIN_WEIGHT or x.numel() >= MIN_ROWS * x.shape[-1]
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's blocked copy of `weight` (out, in), remade when the weight's version counter moved."""
     key, version = id(weight), weight._version
     held = _COPIES.get(key)
-    if held is None or held[0]() is not weight or held[1] != version:
-        if held is None or held[0]() is not weight:
+    new = held is None or held[0]() is not weight  # never packed (an id can outlive its tensor and be reused)
+    if new or held[1] != version:
+        if new:
             weakref.finalize(weight, _COPIES.pop, key, None)
         held = (weakref.ref(weight), version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
         _COPIES[key] = held
