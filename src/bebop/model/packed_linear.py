@@ -79,10 +79,10 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's blocked copy of `weight` (out, in), remade when the weight's version counter moved."""
     key, version = id(weight), weight._version
     held = _COPIES.get(key)
-    new = held is None or held[0]() is not weight  # never packed (an id can outlive its tensor and be reused)
-    if new or held[1] != version:
-        if new:
-            weakref.finalize(weight, _COPIES.pop, key, None)
+    if held is None or held[0]() is not weight:  # never packed (an id can outlive its tensor and be reused)
+        weakref.finalize(weight, _COPIES.pop, key, None)
+        held = None
+    if held is None or held[1] != version:
         held = (weakref.ref(weight), version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
         _COPIES[key] = held
     return held[2]
