@@ -3,7 +3,7 @@ rollout worker and the trainer.
 
     python benchmarks/rl_step.py --model DIR [--steps 6] [--runs sync:off,sync:rs,async:rs@1/1,async:rs@0/0]
                                  [--k auto] [--group-size 8] [--batch-prompts 8] [--max-new-tokens 384]
-                                 [--difficulty 3]   # the long-response configuration
+                                 [--difficulty 2]   # the demo's long-response configuration (3: longer still)
 
 DIR is a policy with a trained MTP head. A run is MODE:SPEC[@ROLLOUT_THREADS/TRAIN_THREADS][+OPTION...]
 (0 = torch's default, every core; an OPTION is `compile` (--compile on), `vllm` (--engine vllm, with vLLM's

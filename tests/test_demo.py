@@ -20,7 +20,8 @@ from bebop.study.layout import DemoLayout
 
 PLOTS = {"loss_table.png", "entropy_law.png", "entropy_bins.png", "rl_step_time.png", "rl_reward.png", "rl_acceptance.png",
          "rl_online.png", "rl_entropy.png"}
-RUNS = ["sync-off", "sync-rs", "sync-rs-both", "sync-rs-suffix", "sync-rs-online-ce", "async-off", "async-rs"]
+RUNS = ["sync-off", "sync-rs", "sync-rs-both", "sync-rs-suffix", "sync-rs-online-ce", "async-off", "async-rs",
+        "sync-off-long", "sync-rs-long"]
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +157,6 @@ def test_every_table_number_is_the_saved_value(demo):
         assert r["first-draft acceptance by entropy bin (low to high)"] == ", ".join(
             "n/a" if x is None else f"{x:.3f}" for x in rates)
 
-    base = statistics.median(m["step_s"] for m in metrics(demo, "sync-off") if m["step"] > 1)
     assert [r["run"] for r in t["run"]] == RUNS
     for r in t["run"]:
         rows = metrics(demo, r["run"])
@@ -164,14 +164,26 @@ def test_every_table_number_is_the_saved_value(demo):
         assert r["steps"] == "3" and r["timed steps"] == "2-3"
         for key in ("step_s", "rollout_s", "wait_s", "train_s"):
             assert same(r[key], statistics.median(m[key] for m in timed)), (r["run"], key)
-        assert same(r["speedup vs sync-off"], base / statistics.median(m["step_s"] for m in timed), 2)
+        base_run = "sync-off-long" if r["run"].endswith("-long") else "sync-off"  # each configuration's own
+        base = statistics.median(m["step_s"] for m in metrics(demo, base_run) if m["step"] > 1)
+        step = statistics.median(m["step_s"] for m in timed)
+        assert same(r["speedup vs sync-off"], base / step, 2)
+        if r["run"].startswith("sync"):
+            assert same(r["rollout share"], statistics.median(m["rollout_s"] for m in timed) / step, 2)
+        else:
+            assert r["rollout share"] == "n/a"  # async rollouts overlap the update
+        p50 = statistics.median(m["response_len_p50"] for m in rows)
+        assert r["response p50 / max"] == f"{p50:.0f} / {max(m['response_len_max'] for m in rows)}"
+        config = load(demo / "rl" / r["run"] / "config.json")
+        assert config["difficulty"] == (2 if r["run"].endswith("-long") else 1)
         assert same(r["mean reward"], statistics.mean(m["reward"] for m in rows))
         assert same(r["mean accept length"], statistics.mean(m["mean_acceptance_length"] for m in rows))
 
-    assert [(r["mode"], r["spec"]) for r in t["mode"]] == [("sync", "rs"), ("async", "rs")]
+    assert [(r["mode"], r["spec"]) for r in t["mode"]] == [("sync", "rs"), ("async", "rs"), ("sync-long", "rs")]
     for r in t["mode"]:
-        off = [m["reward"] for m in metrics(demo, f"{r['mode']}-off")]
-        on = [m["reward"] for m in metrics(demo, f"{r['mode']}-rs")]
+        mode, _, tag = r["mode"].partition("-")
+        off = [m["reward"] for m in metrics(demo, f"{mode}-off" + (f"-{tag}" if tag else ""))]
+        on = [m["reward"] for m in metrics(demo, f"{mode}-rs" + (f"-{tag}" if tag else ""))]
         se = math.hypot(statistics.stdev(off) / math.sqrt(3), statistics.stdev(on) / math.sqrt(3))
         assert same(r["reward (spec off)"], statistics.mean(off)) and same(r["reward (spec on)"], statistics.mean(on))
         assert same(r["difference"], statistics.mean(on) - statistics.mean(off)) and same(r["s.e."], se)
@@ -341,8 +353,9 @@ def test_full_default_sizes():
     cfg.validate()
     assert cfg.losses == ("ce", "e2e_tv") and cfg.k == 3 and cfg.temperatures == (0.3, 0.5, 0.7, 1.0, 1.3)
     runs = cfg.rl_configs(Path("m"))
-    assert set(runs) == ({(m, s, "none", "mtp") for m in ("sync", "async") for s in ("off", "rs")}
-                         | {("sync", "rs", "ce", "mtp"), ("sync", "rs", "none", "suffix"), ("sync", "rs", "none", "both")})
-    assert runs[("sync", "rs", "ce", "mtp")].mtp_update == "ce" and runs[("sync", "rs", "none", "mtp")].mtp_update == "none"
-    assert runs[("sync", "rs", "none", "suffix")].decode.drafter == "suffix"
+    assert set(runs) == set(RUNS)
+    assert runs["sync-rs-online-ce"].mtp_update == "ce" and runs["sync-rs"].mtp_update == "none"
+    assert runs["sync-rs-suffix"].decode.drafter == "suffix"
+    assert runs["sync-rs-long"].difficulty == 2 and runs["sync-rs-long"].decode.spec == "rs"
+    assert {c.difficulty for name, c in runs.items() if not name.endswith("-long")} == {1}
     assert len({(c.seed, c.steps, c.group_size, c.batch_prompts) for c in cfg.rl_configs(Path("m")).values()}) == 1

@@ -65,10 +65,11 @@ def test_entropy_law_rows(demo_dir):
 def test_rl_rows(demo_dir):
     text = _report(demo_dir)
     # medians over steps 2-3 (warmup 1); speedup = 5.0 / median step_s
-    assert "| sync-off | 3 | 2-3 | 5.000 | 4.250 | 4.250 | 0.750 | 1.00 | 0.400 | 1.000 |" in text
-    assert "| sync-rs | 3 | 2-3 | 2.500 | 2.000 | 2.000 | 0.500 | 2.00 | 0.500 | 3.200 |" in text
-    assert "| async-off | 3 | 2-3 | 3.500 | 3.400 | 2.500 | 1.000 | 1.43 | 0.300 | 1.000 |" in text
-    assert "| async-rs | 3 (unfinished) | 2-3 | 2.000 | 1.600 | 1.000 | 1.000 | 2.50 | 0.900 | 3.400 |" in text
+    # rollout share = rollout_s / step_s of a sync run; the fixture logs no response lengths
+    assert "| sync-off | 3 | 2-3 | 5.000 | 4.250 | 4.250 | 0.750 | 0.85 | 1.00 | 0.400 | 1.000 | - |" in text
+    assert "| sync-rs | 3 | 2-3 | 2.500 | 2.000 | 2.000 | 0.500 | 0.80 | 2.00 | 0.500 | 3.200 | - |" in text
+    assert "| async-off | 3 | 2-3 | 3.500 | 3.400 | 2.500 | 1.000 | n/a | 1.43 | 0.300 | 1.000 | - |" in text
+    assert "| async-rs | 3 (unfinished) | 2-3 | 2.000 | 1.600 | 1.000 | 1.000 | n/a | 2.50 | 0.900 | 3.400 | - |" in text
     rl = text.split("## 5.")[1]
     order = [line.split(" | ")[0] for line in rl.splitlines() if line.startswith("| sync-") or line.startswith("| async-")]
     assert order == ["| sync-off", "| sync-rs", "| async-off", "| async-rs"]

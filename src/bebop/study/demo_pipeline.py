@@ -38,7 +38,7 @@ from bebop.rl import RLConfig, train_rl
 from bebop.rl.loop import CONFIG_FILE as RL_CONFIG_FILE
 from bebop.rl.loop import FINAL_MODEL
 from bebop.sft import DEFAULT_STEPS, SFTConfig, is_trained, read_meta, train_sft
-from bebop.study.layout import DemoLayout
+from bebop.study.layout import DemoLayout, rl_name
 from bebop.study.loss_table import headed_copy
 from bebop.tasks import get_task
 from bebop.train_state import STATE_FILE as SFT_STATE_FILE
@@ -60,10 +60,11 @@ class DemoConfig:
     2. heads ce + e2e_tv        192 self-distilled samples, then 2 x 100 steps   ~0.5 min + 2 x ~2.6 min
                                 x 16 sequences over 5 depths
     3. sweep                    2 heads x {RS, TO} x 5 temperatures, 32 prompts  ~1 min
-    4. RL                       7 runs x 8 steps x (8 prompts x 8 samples),      ~6 min (6-8 s per step,
+    4. RL                       9 runs x 8 steps x (8 prompts x 8 samples),      ~6 min (6-8 s per step,
                                 up to 384 tokens, k auto; the fifth updates     ~13 with the online update;
                                 the head online (ce), the sixth and seventh     the drafter runs: 2.0-2.3 s a step
-                                draft from the rollouts' text (suffix, both)    in rl_step.py, 2026-12-03)
+                                draft from the rollouts' text (suffix, both);   in rl_step.py, 2026-12-03; the
+                                the last two: off and rs, difficulty 2          long pair 3.0-3.8 s a step)
     Times from one real run (docs/example-report); the report has its own stage-time table.
     """
 
@@ -97,6 +98,8 @@ class DemoConfig:
     rl_specs: tuple = ("off", "rs")
     rl_online: tuple = ("ce",)  # online MTP strategies run as sync rs beside the frozen head (report 5b)
     rl_drafters: tuple = ("suffix", "both")  # other drafters run as sync rs beside the head's (report 5c)
+    rl_long_specs: tuple = ("off", "rs")  # the long-response configuration, sync: harder prompts, longer answers
+    rl_long_difficulty: int = 2  # its task difficulty (math: responses p50 ~80 tokens against ~50, same max)
     rl_steps: int = 8
     rl_group_size: int = 8
     rl_batch_prompts: int = 8
@@ -143,19 +146,23 @@ class DemoConfig:
                                      ce_warmup_steps=0 if loss == "ce" else int(self.head_ce_warmup * self.head_steps))
                 for loss in self.losses}
 
-    def rl_configs(self, model: Path) -> dict[tuple[str, str, str, str], RLConfig]:
-        """(mode, spec, online MTP strategy, drafter) -> its run's config."""
-        runs = [(mode, spec, "none", "mtp") for mode in self.rl_modes for spec in self.rl_specs]
-        runs += [("sync", "rs", update, "mtp") for update in self.rl_online if update != "none"]
-        runs += [("sync", "rs", "none", drafter) for drafter in self.rl_drafters if drafter != "mtp"]
-        return {(mode, spec, update, drafter): RLConfig(
+    def rl_configs(self, model: Path) -> dict[str, RLConfig]:
+        """Run name (layout.rl_name) -> its run's config."""
+        runs = [(mode, spec, "none", "mtp", False) for mode in self.rl_modes for spec in self.rl_specs]
+        runs += [("sync", "rs", update, "mtp", False) for update in self.rl_online if update != "none"]
+        runs += [("sync", "rs", "none", drafter, False) for drafter in self.rl_drafters if drafter != "mtp"]
+        runs += [("sync", spec, "none", "mtp", True) for spec in self.rl_long_specs]
+        return {rl_name(*run): self._rl_config(model, *run) for run in runs}
+
+    def _rl_config(self, model: Path, mode: str, spec: str, update: str, drafter: str, long: bool) -> RLConfig:
+        return RLConfig(
             model=str(model), task=self.task, steps=self.rl_steps, mode=mode,
             decode=DecodeSpec(spec=spec, k=self.rl_k if spec != "off" else DecodeSpec.k, drafter=drafter),
-            group_size=self.rl_group_size,
-            batch_prompts=self.rl_batch_prompts, max_new_tokens=self.rl_max_new_tokens, seed=self.seed,
-            save_every=self.rl_save_every, mtp_update=update,
+            group_size=self.rl_group_size, batch_prompts=self.rl_batch_prompts,
+            max_new_tokens=self.rl_max_new_tokens, seed=self.seed, save_every=self.rl_save_every, mtp_update=update,
+            difficulty=self.rl_long_difficulty if long else RLConfig.difficulty,
             rollout_threads=self.rl_rollout_threads if mode == "async" else 0,
-            train_threads=self.rl_train_threads if mode == "async" else 0) for mode, spec, update, drafter in runs}
+            train_threads=self.rl_train_threads if mode == "async" else 0)
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(asdict(self)))  # tuples -> lists, as read back from the file
@@ -256,13 +263,14 @@ def stage_sweep(layout: DemoLayout, cfg: DemoConfig, loss: str, progress: bool, 
     atomic_write_json(layout.sweep_result(loss), {"meta": meta, "rows": rows, "diagnostics": diagnostics})
 
 
-def stage_rl(layout: DemoLayout, rcfg: RLConfig, progress: bool, device: str) -> None:
-    run = layout.rl_dir(rcfg.mode, rcfg.decode.spec, rcfg.mtp_update, rcfg.decode.drafter)
+def stage_rl(layout: DemoLayout, name: str, rcfg: RLConfig, progress: bool, device: str) -> None:
+    run = layout.rl_dir(name)
     if (run / FINAL_MODEL / "config.json").is_file():
         return
     resume = (run / RL_CONFIG_FILE).is_file()
     online = "" if rcfg.mtp_update == "none" else f", head updated online ({rcfg.mtp_update})"
     online += "" if rcfg.decode.drafter == "mtp" else f", drafts from {rcfg.decode.drafter}"
+    online += "" if rcfg.difficulty == RLConfig.difficulty else f", difficulty {rcfg.difficulty} (long responses)"
     say(f"{'resuming' if resume else 'running'} GRPO {rcfg.mode}, spec {rcfg.decode.spec}{online} in {run} ({rcfg.steps} steps, "
         f"{rcfg.batch_prompts} prompts x {rcfg.group_size} samples)")
     train_rl(run, rcfg, resume=resume, progress=progress, device=device)
@@ -285,8 +293,8 @@ def run_demo_pipeline(out: str | Path, cfg: DemoConfig, *, progress: bool = True
     for loss in cfg.losses:
         stage_sweep(layout, cfg, loss, progress, device)
     say("[4/5] GRPO runs")
-    for rcfg in cfg.rl_configs(layout.head_dir(cfg.rl_head).resolve()).values():
-        stage_rl(layout, rcfg, progress, device)
+    for name, rcfg in cfg.rl_configs(layout.head_dir(cfg.rl_head).resolve()).items():
+        stage_rl(layout, name, rcfg, progress, device)
     say("[5/5] report")
     report = write_report(layout.root)
     say(f"wrote {report}")

@@ -10,6 +10,7 @@
     DIR/results/sweep-<loss>.json acceptance and entropy per (mode, temperature) for that head
     DIR/rl/<mode>-<spec>/        one GRPO run: config.json, metrics.jsonl, model/ when finished
     DIR/rl/sync-rs-online-<u>/   the same run as sync-rs with the head updated online (strategy u)
+    DIR/rl/sync-<spec>-long/     the long-response configuration (harder prompts: longer answers)
     DIR/report.md, DIR/plots/*.png   rebuilt from the files above by `bebop report DIR`
 
 Every results file is written atomically once its stage is complete, so "the file exists" means
@@ -25,6 +26,7 @@ CONFIG_FILE = "demo_config.json"
 REPORT_FILE = "report.md"
 PLOTS_DIR = "plots"
 ONLINE_TAG = "-online-"
+LONG_TAG = "-long"
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,9 @@ class DemoLayout:
     def sweep_result(self, loss: str) -> Path:
         return self.results / f"sweep-{loss}.json"
 
-    def rl_dir(self, mode: str, spec: str, update: str = "none", drafter: str = "mtp") -> Path:
-        return self.root / "rl" / rl_name(mode, spec, update, drafter)
+    def rl_dir(self, name: str) -> Path:
+        """A GRPO run's directory, by its name (rl_name)."""
+        return self.root / "rl" / name
 
     @property
     def report(self) -> Path:
@@ -79,8 +82,9 @@ class DemoLayout:
         return self.root / PLOTS_DIR
 
 
-def rl_name(mode: str, spec: str, update: str = "none", drafter: str = "mtp") -> str:
-    """<mode>-<spec>, -<drafter> for a run that drafts other than with the head (--drafter suffix | both), and
-    -online-<strategy> for a run that updates its head online (RLConfig.mtp_update)."""
+def rl_name(mode: str, spec: str, update: str = "none", drafter: str = "mtp", long: bool = False) -> str:
+    """<mode>-<spec>, -<drafter> for a run that drafts other than with the head (--drafter suffix | both),
+    -online-<strategy> for a run that updates its head online (RLConfig.mtp_update), and -long for a run of the
+    long-response configuration."""
     return (f"{mode}-{spec}" + ("" if drafter == "mtp" else f"-{drafter}")
-            + ("" if update == "none" else f"{ONLINE_TAG}{update}"))
+            + ("" if update == "none" else f"{ONLINE_TAG}{update}") + (LONG_TAG if long else ""))

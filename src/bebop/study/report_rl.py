@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bebop.study.entropy_law import LinearFit, slope_interval
+from bebop.study.layout import LONG_TAG
 from bebop.study.report_format import f2, f3, missing, per_pos, slope_cell, table
-from bebop.study.results import BASELINE_RUN, DemoResults, RLRun, base_run, online_strategy
+from bebop.study.results import BASELINE_RUN, DemoResults, RLRun, base_run, baseline_of, is_long, online_strategy
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,18 @@ def step_times(run: RLRun, warmup: int) -> StepTimes | None:
     return StepTimes([r["step"] for r in rows], med("step_s"), med("rollout_s"), med("train_s"), med("wait_s"))
 
 
+def rollout_share(run: RLRun, st: StepTimes) -> float | None:
+    """rollout_s / step_s of a sync run (None for async, whose rollouts overlap the update)."""
+    return st.rollout_s / st.step_s if (run.config or {}).get("mode", "sync") == "sync" and st.step_s > 0 else None
+
+
+def response_lengths(run: RLRun) -> str:
+    """The median of the steps' median response lengths, and the longest response, in tokens ("-" if not logged)."""
+    medians = [r["response_len_p50"] for r in run.rows if "response_len_p50" in r]
+    longest = [r["response_len_max"] for r in run.rows if "response_len_max" in r]
+    return f"{statistics.median(medians):.0f} / {max(longest)}" if medians and longest else "-"
+
+
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
     """The mean and its standard error (0 for a single value)."""
     m = sum(values) / len(values)
@@ -49,12 +62,11 @@ def section_rl(res: DemoResults) -> list[str]:
         return lines + missing("rl/<mode>-<spec>/metrics.jsonl")
     w = res.warmup
     times = {name: step_times(run, w) for name, run in res.rl.items()}
-    base = times.get(BASELINE_RUN)
     configs = [run.config for run in res.rl.values()]
     any_cfg = next((c for c in configs if c and c.get("spec", "off") != "off"), configs[0])  # K of a drafting run
     rows = []
     for name, run in res.rl.items():
-        st = times[name]
+        st, base = times[name], times.get(baseline_of(name))
         if st is None:
             continue
         speedup = base.step_s / st.step_s if base is not None and st.step_s > 0 else None
@@ -62,19 +74,27 @@ def section_rl(res: DemoResults) -> list[str]:
         accept = sum(r["mean_acceptance_length"] for r in run.rows) / len(run.rows)
         rows.append([name, f"{len(run.rows)}" + ("" if run.finished else " (unfinished)"),
                      f"{st.timed_steps[0]}-{st.timed_steps[-1]}", f3(st.step_s), f3(st.rollout_s), f3(st.wait_s),
-                     f3(st.train_s), f2(speedup), f3(reward), f3(accept)])
+                     f3(st.train_s), f2(rollout_share(run, st)), f2(speedup), f3(reward), f3(accept),
+                     response_lengths(run)])
     if any_cfg:
         lines += [f"Runs from the `{Path(any_cfg.get('model', '?')).name}` head's model: {any_cfg.get('batch_prompts')} "
                   f"prompts × {any_cfg.get('group_size')} samples per step, at most {any_cfg.get('max_new_tokens')} new "
                   f"tokens, T={any_cfg.get('temperature')}, K={any_cfg.get('k')} when speculating, seed "
                   f"{any_cfg.get('seed')} for every run.", ""]
+    long_cfg = next((run.config for name, run in res.rl.items() if is_long(name) and run.config), None)
+    if long_cfg:
+        lines += [f"The `{LONG_TAG.lstrip('-')}` runs are the long-response configuration: the same runs on prompts "
+                  f"of difficulty {long_cfg.get('difficulty')}, whose answers are longer; their speedup is over "
+                  f"{BASELINE_RUN}{LONG_TAG}.", ""]
     lines += [f"Times are medians over the steps in the 'timed steps' column (after {w} warmup step(s)) of each "
               "run's `rl/<run>/metrics.jsonl`: rollout_s is generation time, wait_s the time the trainer waited "
               "for a batch (async: less than rollout_s when generation overlaps training), train_s the update "
-              f"and weight sync, step_s the wall time per step. Speedup = median step_s of {BASELINE_RUN} / "
-              "median step_s of the run. Reward and mean accept length are means over all logged steps.", ""]
-    lines += table(["run", "steps", "timed steps", "step_s", "rollout_s", "wait_s", "train_s",
-                     f"speedup vs {BASELINE_RUN}", "mean reward", "mean accept length"], rows)
+              "and weight sync, step_s the wall time per step. Rollout share = rollout_s / step_s (sync runs: "
+              "the most a faster rollout can take off the step). Speedup = median step_s of the configuration's "
+              f"{BASELINE_RUN} / median step_s of the run. Reward and mean accept length are means over all logged "
+              "steps; response lengths in tokens, the median of each step's median, and the longest.", ""]
+    lines += table(["run", "steps", "timed steps", "step_s", "rollout_s", "wait_s", "train_s", "rollout share",
+                     f"speedup vs {BASELINE_RUN}", "mean reward", "mean accept length", "response p50 / max"], rows)
     lines += ["", "![RL step time](plots/rl_step_time.png)", ""]
     lines += section_lossless(res)
     if any(r.get("acceptance_rate_per_position") for run in res.rl.values() for r in run.rows):
@@ -87,17 +107,17 @@ def section_rl(res: DemoResults) -> list[str]:
 def section_lossless(res: DemoResults) -> list[str]:
     """Reward with and without speculation, per mode: lossless decoding means they agree."""
     rows = []
-    for mode in ("sync", "async"):
-        off = res.rl.get(f"{mode}-off")
+    for mode, tag in (("sync", ""), ("async", ""), ("sync", LONG_TAG)):
+        off = res.rl.get(f"{mode}-off{tag}")
         for spec in ("rs", "to"):
-            on = res.rl.get(f"{mode}-{spec}")
+            on = res.rl.get(f"{mode}-{spec}{tag}")
             if off is None or on is None or not off.rows or not on.rows:
                 continue
             m_off, se_off = mean_se([r["reward"] for r in off.rows])
             m_on, se_on = mean_se([r["reward"] for r in on.rows])
             diff, se = m_on - m_off, math.hypot(se_off, se_on)
             agree = abs(diff) <= 2 * se + 1e-12
-            rows.append([mode, spec, f3(m_off), f3(m_on), f"{diff:+.3f}", f3(se), "yes" if agree else "no"])
+            rows.append([mode + tag, spec, f3(m_off), f3(m_on), f"{diff:+.3f}", f3(se), "yes" if agree else "no"])
     lines = ["### Reward with and without speculation", ""]
     if not rows:
         return lines + missing("a spec-off and a speculative run of the same mode")
@@ -128,7 +148,7 @@ def by_source(run: RLRun) -> dict[str, tuple[int, float]]:
 def section_drafters(res: DemoResults) -> list[str]:
     """The sync rs runs that differ only in their drafter, beside the run without speculation."""
     runs = [run for run in res.rl.values() if base_run(run.name) == run.name and run.name.startswith("sync-rs")
-            and online_strategy(run.name) == "none"]
+            and online_strategy(run.name) == "none" and not is_long(run.name)]
     lines = ["### Drafters: the head, the rollouts' own text, both", ""]
     if len({drafter_of(run) for run in runs}) < 2:
         return lines + missing("sync rs runs with --drafter mtp and suffix or both (DemoConfig.rl_drafters)")

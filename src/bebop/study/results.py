@@ -4,7 +4,7 @@
 
 Reads the files of bebop.study.layout: demo_config.json, results/*.json and the RL runs'
 metrics.jsonl (every run directory under rl/, in the order sync before async, spec off before
-to before rs, the frozen head before online updates).
+to before rs, the frozen head before online updates, the long-response configuration last).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bebop.errors import BebopError
 from bebop.jsonl import read_jsonl
-from bebop.study.layout import ONLINE_TAG, DemoLayout
+from bebop.study.layout import LONG_TAG, ONLINE_TAG, DemoLayout
 
 BASELINE_RUN = "sync-off"
 TV_LOSSES = ("tv", "e2e_tv")
@@ -27,7 +27,7 @@ RUN_SPECS = ("off", "to", "rs")
 
 @dataclass
 class RLRun:
-    name: str  # <mode>-<spec>[-<drafter>][-online-<strategy>] (layout.rl_name)
+    name: str  # <mode>-<spec>[-<drafter>][-online-<strategy>][-long] (layout.rl_name)
     config: dict  # RUN_DIR/config.json
     rows: list[dict]  # RUN_DIR/metrics.jsonl
     log: str  # the metrics file, relative to the demo directory
@@ -91,15 +91,25 @@ def base_run(name: str) -> str:
     return name.split(ONLINE_TAG, 1)[0]
 
 
+def is_long(name: str) -> bool:
+    """Whether a run is of the long-response configuration (layout.rl_name's -long)."""
+    return name.endswith(LONG_TAG)
+
+
+def baseline_of(name: str) -> str:
+    """The run without speculation that a run's speedup is over: sync-off of its own configuration."""
+    return BASELINE_RUN + (LONG_TAG if is_long(name) else "")
+
+
 def online_strategy(name: str) -> str:
     """The online MTP strategy of a run from its name (layout.rl_name): "none" for a frozen head."""
     return name.split(ONLINE_TAG, 1)[1] if ONLINE_TAG in name else "none"
 
 
 def _run_order(name: str) -> tuple:
-    """sync before async, spec off before to before rs, the frozen head before online updates, the head's drafts
-    before other drafters', then by name."""
-    mode, _, rest = base_run(name).partition("-")
+    """The long-response configuration after the rest; sync before async, spec off before to before rs, the
+    frozen head before online updates, the head's drafts before other drafters', then by name."""
+    mode, _, rest = base_run(name.removesuffix(LONG_TAG)).partition("-")
     spec, _, drafter = rest.partition("-")
-    return (RUN_MODES.index(mode) if mode in RUN_MODES else 9, RUN_SPECS.index(spec) if spec in RUN_SPECS else 9,
-            online_strategy(name) != "none", drafter, name)
+    return (is_long(name), RUN_MODES.index(mode) if mode in RUN_MODES else 9,
+            RUN_SPECS.index(spec) if spec in RUN_SPECS else 9, online_strategy(name) != "none", drafter, name)
