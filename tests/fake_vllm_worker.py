@@ -18,7 +18,7 @@ def start(config: dict):
     if fake.get("fail_start"):
         raise worker.StartError(fake["fail_start"])
     time.sleep(fake.get("start_s", 0))
-    return {"generated": 0}, {"vllm": fake.get("vllm", "0.32.0"), "fixes": [], "expand_was_broken": False,
+    return {"generated": 0, "updates": []}, {"vllm": fake.get("vllm", "0.32.0"), "fixes": [], "expand_was_broken": False,
                               **({"protocol": fake["protocol"]} if "protocol" in fake else {})}
 
 
@@ -48,10 +48,16 @@ def crash(state: dict, ask: dict) -> dict:
 
 
 def pid(state: dict, ask: dict) -> dict:
-    return {"pid": os.getpid(), "generated": state["generated"]}
+    return {"pid": os.getpid(), "generated": state["generated"], "updates": state["updates"]}
 
 
-HANDLERS = {"generate": generate, "sleep": sleep, "native_print": native_print, "crash": crash, "pid": pid,
+def update(state: dict, ask: dict) -> dict:
+    """Records the names of each update (the real worker loads them from the shared file)."""
+    state["updates"].append([entry[0] for entry in ask["target"] + ask["draft"]])
+    return {"seconds": 0.0}
+
+
+HANDLERS = {"generate": generate, "update": update, "sleep": sleep, "native_print": native_print, "crash": crash, "pid": pid,
             "metrics": lambda state, ask: {"counters": {"spec_decode_num_drafts": state["generated"]}}}
 
 if __name__ == "__main__":

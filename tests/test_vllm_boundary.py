@@ -57,7 +57,7 @@ def test_requests_carry_ids_and_the_first_answer_names_protocol_and_vllm():
 
 
 @pytest.mark.parametrize("start, message", [
-    ({"protocol": 1}, "speaks protocol 1, this bebop 2"),
+    ({"protocol": 1}, "speaks protocol 1, this bebop 3"),
     ({"vllm": "0.10.1"}, "vLLM 0.10.1 in "),
     ({"fail_start": "cannot import vllm in /x: ModuleNotFoundError"}, "cannot import vllm in /x"),
 ])
@@ -97,6 +97,21 @@ def test_a_killed_worker_is_restarted_once_and_the_request_answered(tmp_path):
         threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
         assert worker.ask("sleep", seconds=60, once=str(tmp_path / "slept"))["slept"] == 0  # the new worker's answer
         assert worker.restarts == 1 and worker.ask("pid")["pid"] != pid and gone(pid)
+    finally:
+        worker.close()
+
+
+def test_a_restarted_worker_is_brought_up_to_date_before_the_request_is_retried(tmp_path):
+    """A new worker loads the weights directory written at the start: the weights synced since reach it first."""
+    everything = {"path": "shm", "target": [["model.norm.weight", "float32", [4], 0]], "draft": []}
+    worker = fake(restarts=1, after_restart=lambda w: w.update(everything))
+    try:
+        worker.update({"path": "shm", "target": [], "draft": [["mtp.fc.weight", "float32", [4, 8], 64]]})
+        assert worker.ask("pid")["updates"] == [["mtp.fc.weight"]]
+        pid = worker.ask("pid")["pid"]
+        threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+        assert worker.ask("sleep", seconds=60, once=str(tmp_path / "slept"))["slept"] == 0
+        assert worker.ask("pid")["updates"] == [["model.norm.weight"]]  # the new worker: the catch-up alone
     finally:
         worker.close()
 

@@ -195,21 +195,26 @@ def save_model(model: CausalLM, model_dir: str | os.PathLike, *, max_shard_bytes
     for resuming, train_state.master_weights), the tensors bebop does not model, unchanged, and the
     sharding (shards up to the size of the largest input shard) unless `max_shard_bytes` is given.
     The directory's weights are replaced as one step (weight_files.write_weights)."""
-    stored, cfg = model.stored, model.config
-    state = dict(model.state_dict())
-    if not with_head:
-        state = {name: t for name, t in state.items() if not name.startswith(MTP_PREFIX)}
-        cfg = replace(cfg, mtp_num_hidden_layers=0)
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
+    stored = model.stored
+    cfg = model.config if with_head else replace(model.config, mtp_num_hidden_layers=0)
     default = release_dtype(model)
-    files = {file_name(name, cfg): t for name, t in to_hf_state(state, cfg).items()}
     files = {name: t.to(stored.dtypes.get(name, default)) if t.is_floating_point() else t
-             for name, t in files.items()}
+             for name, t in file_tensors(model, with_head).items()}
     carried = {name: t for name, t in stored.carried.items() if name not in files}
     write_weights(files | carried, model_dir,
                   max_shard_bytes if max_shard_bytes is not None else stored.shard_bytes)
     write_config(cfg, model_dir)
+
+
+def file_tensors(model: CausalLM, with_head: bool = True) -> dict[str, torch.Tensor]:
+    """The model's tensors under the names its files store them by (fused projections split, a tied LM head left
+    out, `mtp.*` only `with_head`), in the model's dtype: views of its parameters where the layout allows."""
+    state = dict(model.state_dict())
+    if not with_head:
+        state = {name: t for name, t in state.items() if not name.startswith(MTP_PREFIX)}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return {file_name(name, model.config): t for name, t in to_hf_state(state, model.config).items()}
 
 
 def write_model_dir(model: CausalLM, source_dir: Path, model_dir: Path, with_head: bool = True) -> None:

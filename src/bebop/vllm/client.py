@@ -3,7 +3,7 @@ has vLLM: `--vllm-python PATH`, else $BEBOP_VLLM_PYTHON, else this one (scripts/
 
     worker = VllmWorker(model_dir, dtype="float32", python=None, speculative_config=None, timeout=1800)
     outs = worker.generate(prompts, params)          # [{"token_ids", "logprobs", "finish_reason"}]
-    worker.reload(weights_dir)                       # trunk and head, in place
+    worker.update(shared.update(model))             # the weights that changed, from shared memory (shared_weights.py)
     counters = worker.counters()                     # vLLM's cumulative spec_decode_* counters
     worker.close()
 
@@ -11,8 +11,9 @@ The boundary fails in one line, never hangs: the requests and answers travel on 
 vLLM or native code prints goes to the worker's log, kept for errors), each with an id; the worker's first
 answer names its protocol and vLLM version; the start and every request have `timeout` seconds; a worker that
 timed out, died, answered garbage or reported an engine error is killed (its process group) and waited for,
-then started again once per `restarts` and the request retried (generate, reload and metrics are idempotent: each
-row has its own seed), else BebopError names what happened. The worker dies with bebop and then removes
+then started again once per `restarts`, brought up to date (`after_restart`: the weights synced since its model
+directory was written) and the request retried (generate, update and metrics are idempotent: each row has its own
+seed), else BebopError names what happened. The worker dies with bebop and then removes
 `cleanup` (the weights directory a server made for it) itself. A worker that cannot start (no vLLM in that
 Python, a model vLLM cannot run) raises BebopError with vLLM's own reason, before anything of a run is written.
 """
@@ -28,7 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from bebop.errors import BebopError
 from bebop.vllm.channel import LineChannel
 
 WORKER = Path(__file__).with_name("worker.py")
-PROTOCOL = 2  # worker.py's
+PROTOCOL = 3  # worker.py's
 MIN_VLLM = (0, 32)  # the oldest vLLM bebop's worker and its fixes are written for
 DEFAULT_TIMEOUT_S = 1800.0
 CLOSE_WAIT_S = 30.0
@@ -48,7 +49,8 @@ class VllmWorker:
     def __init__(self, model_dir: str | Path, *, dtype: str = "auto", python: str | None = None, seed: int = 0,
                  max_model_len: int | None = None, speculative_config: dict | None = None, enforce_eager: bool = True,
                  prefix_caching: bool | None = None, timeout: float = DEFAULT_TIMEOUT_S, restarts: int = 1,
-                 cleanup: Sequence[str | Path] = (), script: str | Path = WORKER) -> None:
+                 cleanup: Sequence[str | Path] = (), script: str | Path = WORKER,
+                 after_restart: Callable[[VllmWorker], None] | None = None) -> None:
         self.python = python or os.environ.get("BEBOP_VLLM_PYTHON") or sys.executable
         if not Path(self.python).is_file():
             raise BebopError(f"--vllm-python {self.python}: no such file ({INSTALL_HINT})")
@@ -59,6 +61,7 @@ class VllmWorker:
                        "enable_prefix_caching": prefix_caching, "parent": os.getpid(),
                        "cleanup": [str(p) for p in cleanup]}
         self.timeout, self.restarts_left, self.script = timeout, restarts, Path(script)
+        self.after_restart = after_restart
         self.restarts = 0  # workers started again after one failed
         self.log: deque[str] = deque(maxlen=200)  # the worker's output (stdout and stderr) tail, for errors
         self.proc: subprocess.Popen | None = None
@@ -145,6 +148,8 @@ class VllmWorker:
                 self.restarts += 1
                 print(f"bebop: {str(exc).splitlines()[0]}; starting a new vLLM worker", file=sys.stderr)
                 self._start()
+                if self.after_restart is not None:
+                    self.after_restart(self)
                 continue
             if "error" in answer:
                 raise BebopError(answer["error"])
@@ -167,8 +172,9 @@ class VllmWorker:
         assert len(prompts) == len(params)
         return self.ask("generate", prompts=prompts, params=params)["outputs"]
 
-    def reload(self, weights_dir: str | Path) -> dict:
-        return self.ask("reload", path=str(weights_dir))
+    def update(self, update: dict) -> dict:
+        """Load the tensors an update names (SharedWeights.update) from its shared-memory file."""
+        return self.ask("update", **update)
 
     def counters(self) -> dict:
         return {**self.ask("metrics")["counters"], "_restarts": self.restarts}

@@ -1,12 +1,14 @@
-"""vLLM serving the current weights of a bebop model, for rollouts: the weights are written to a directory in
-vLLM's layout (safetensors, config with `mrope_section` dropped, the source's tokenizer files), the worker
-loads it, and after every policy update `sync` rewrites it and reloads trunk and head in place (a dense Qwen3's
-head, which vLLM neither loads nor drafts with, is left out: vLLM refuses unknown mtp.* tensors).
+"""vLLM serving the current weights of a bebop model, for rollouts: the weights are written once to a directory
+in vLLM's layout (safetensors, config with `mrope_section` dropped, the source's tokenizer files), the worker
+loads it, and after every policy update `sync` sends vLLM what changed through shared memory (shared_weights.py:
+the trunk after an RL update, the head after an online head update, the drafter's tensors in a draft session of
+its own); a dense Qwen3's head, which vLLM neither loads nor drafts with, is left out (vLLM refuses unknown mtp.*
+tensors).
 
     server = VllmServer(model, source_dir, dtype="float32", spec="rs", k=3, python=None)
     gens = server.engine(model, prompts, max_new_tokens=..., sampling=..., stop_ids=..., generator=g)
     server.sync(model)        # after the update: vLLM samples from the new weights, the drafter from the new head
-    server.close()            # the worker stops, the weights directory is removed
+    server.close()            # the worker stops, the weights directory and the shared weights are removed
 
 `spec` maps onto vLLM's MTP drafting: "rs" drafts by sampling the head (draft_sample_method "probabilistic":
 rejection sampling against the head's distribution), "to" drafts its argmax ("greedy": vLLM's rejection sampler
@@ -28,6 +30,7 @@ from bebop.model.engine_export import check_engine_head, drop_mrope
 from bebop.model.qwen3 import CausalLM
 from bebop.vllm.client import DEFAULT_TIMEOUT_S, VllmWorker
 from bebop.vllm.engine import VllmEngine
+from bebop.vllm.shared_weights import SharedWeights
 
 DRAFT_SAMPLE_METHODS = {"rs": "probabilistic", "to": "greedy"}
 
@@ -50,29 +53,40 @@ class VllmServer:
         if spec != "off":
             check_engine_head(self.source_dir, "vllm")
         self.weights_dir = Path(tempfile.mkdtemp(prefix=".bebop-vllm-weights-"))
+        self.shared: SharedWeights | None = None
         try:
-            self._write(model)
+            write_model_dir(model, self.source_dir, self.weights_dir, with_head=self.with_head)
+            drop_mrope(self.weights_dir / "config.json")
+            self.shared = SharedWeights(model, dtype=getattr(torch, dtype, None), drafts=spec != "off")
             self.worker = VllmWorker(self.weights_dir, dtype=dtype, python=python, seed=seed,
                                      speculative_config=speculative_config(spec, k),
                                      prefix_caching=False if hybrid else None, timeout=timeout,
-                                     cleanup=[self.weights_dir])
+                                     cleanup=[self.weights_dir, self.shared.directory],
+                                     after_restart=self._catch_up)
         except BaseException:
-            shutil.rmtree(self.weights_dir, ignore_errors=True)
+            self._remove_files()
             raise
         self.engine = VllmEngine(self.worker)
 
-    def _write(self, model: CausalLM) -> None:
-        write_model_dir(model, self.source_dir, self.weights_dir, with_head=self.with_head)
-        drop_mrope(self.weights_dir / "config.json")
+    def _catch_up(self, worker: VllmWorker) -> None:
+        """A worker started again loads the weights directory, written at the start: every tensor since, too."""
+        assert self.shared is not None
+        worker.update(self.shared.everything())
 
     def sync(self, model: CausalLM) -> dict:
-        """The model's weights now, trunk and head, served by vLLM from the next request on."""
-        self._write(model)
-        return self.worker.reload(self.weights_dir)
+        """The model's weights now, trunk and head, served by vLLM from the next request on: what changed since
+        the last sync goes through shared memory (-> the worker's answer, its seconds)."""
+        assert self.shared is not None
+        return self.worker.update(self.shared.update(model))
+
+    def _remove_files(self) -> None:
+        shutil.rmtree(self.weights_dir, ignore_errors=True)
+        if self.shared is not None:
+            self.shared.close()
 
     def close(self) -> None:
         self.worker.close()
-        shutil.rmtree(self.weights_dir, ignore_errors=True)
+        self._remove_files()
 
     def __enter__(self) -> "VllmServer":
         return self

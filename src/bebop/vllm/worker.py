@@ -10,7 +10,10 @@ nothing vLLM or native code prints (file descriptors 1 and 2 both go to the clie
 Requests (one JSON object a line, each with an "id") and their answers (with the same "id"):
     {"op": "generate", "prompts": [[ids]], "params": [{...}, ...]}  -> {"outputs": [{"token_ids", "logprobs",
         "finish_reason"}]}; params per prompt: temperature, top_k, top_p, max_tokens, stop_token_ids, seed
-    {"op": "reload", "path": DIR}        -> {"seconds": s}: the trunk AND the drafter's head reloaded from DIR
+    {"op": "update", "path": FILE, "target": [entry], "draft": [entry]}  -> {"seconds": s}: the tensors named
+        loaded from the shared-memory file bebop writes (bebop/vllm/shared_weights.py), the target's and then the
+        drafter's, each in a weight-update session of vLLM's (shim/bebop_weight_transfer.py); an entry is
+        [name, dtype, shape, byte offset]
     {"op": "metrics"}                    -> {"counters": {name: value or [values]}} (cumulative, vLLM's names)
     {"op": "close"}                      -> {}, and the worker exits
 The first line (id 0) is {"ready": true, "protocol": PROTOCOL, "vllm": version, ...} or {"error": ...} when vLLM
@@ -36,7 +39,7 @@ import threading
 import time
 import traceback
 
-PROTOCOL = 2  # the client checks it in the first reply
+PROTOCOL = 3  # the client checks it in the first reply
 PARENT_POLL_S = 0.5
 
 
@@ -113,10 +116,14 @@ def make_llm(config: dict):
         extra["enable_prefix_caching"] = config["enable_prefix_caching"]
     if config.get("speculative_config"):
         extra["speculative_config"] = config["speculative_config"]
+    from bebop_weight_transfer import BACKEND, register
+
+    register()  # the shared-memory weight updates: a weight-transfer engine of vLLM's
     return LLM(model=config["model"], dtype=config.get("dtype", "auto"), seed=config.get("seed", 0),
                skip_tokenizer_init=True, max_model_len=config.get("max_model_len"),
                enforce_eager=config.get("enforce_eager", True), logprobs_mode="processed_logprobs",
-               max_num_seqs=config.get("max_num_seqs", 256), disable_log_stats=False, **extra)
+               max_num_seqs=config.get("max_num_seqs", 256), disable_log_stats=False,
+               weight_transfer_config={"backend": BACKEND}, **extra)
 
 
 def generate(llm, ask: dict) -> dict:
@@ -137,37 +144,18 @@ def generate(llm, ask: dict) -> dict:
     return {"outputs": rows}
 
 
-def _reload_drafter(worker, path: str) -> int:
-    """The drafter's own module (an MTP head is a separate model in vLLM) reloaded from `path`'s safetensors,
-    through vLLM's in-place reload (which undoes and redoes the CPU kernels' weight packing):
-    reload_weights touches the target model only, which would leave a stale head drafting."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    model = getattr(drafter, "model", None)
-    if model is None:
-        return 0
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-    from vllm.model_executor.model_loader.reload.inplace import reload_weights
-
-    names = []
-
-    def weights():
-        for file in sorted(Path(path).glob("*.safetensors")):
-            for name, tensor in load_file(str(file)).items():
-                names.append(name)
-                yield name, tensor
-
-    reload_weights(worker.model_runner.vllm_config, model, weights(), None, True)
-    return sum(name.startswith("mtp.") for name in names)
-
-
-def reload(llm, ask: dict) -> dict:
+def update(llm, ask: dict) -> dict:
+    """The target's tensors, then the drafter's, each loaded in a weight-update session of vLLM's from the shared
+    file (the draft session targets the drafter with the draft model's config)."""
     start = time.perf_counter()
-    llm.collective_rpc("reload_weights", kwargs={"weights_path": ask["path"]})
-    loaded = llm.collective_rpc(_reload_drafter, args=(ask["path"],))
-    llm.reset_prefix_cache()
-    return {"seconds": time.perf_counter() - start, "drafter_tensors": loaded[0]}
+    for begin, tensors in (("start_weight_update", ask["target"]), ("start_draft_weight_update", ask["draft"])):
+        if tensors:
+            llm.collective_rpc(begin)
+            llm.collective_rpc("update_weights", args=({"path": ask["path"], "tensors": tensors},))
+            llm.collective_rpc("finish_weight_update")
+    if ask["target"] or ask["draft"]:
+        llm.reset_prefix_cache()
+    return {"seconds": time.perf_counter() - start}
 
 
 def metrics(llm, ask: dict) -> dict:
@@ -178,7 +166,7 @@ def metrics(llm, ask: dict) -> dict:
     return {"counters": counters}
 
 
-HANDLERS = {"generate": generate, "reload": reload, "metrics": metrics}
+HANDLERS = {"generate": generate, "update": update, "metrics": metrics}
 
 
 def start_vllm(config: dict):

@@ -1,0 +1,139 @@
+"""The weights a vLLM worker serves, kept in one shared-memory file that vLLM maps: a sync writes only what changed.
+
+    shared = SharedWeights(model, dtype=torch.bfloat16, drafts=True)   # every tensor written once
+    update = shared.update(model)   # the tensors that changed since the last write, written; what vLLM is to load
+    update = shared.everything()    # what a freshly started worker loads to serve the last write
+    shared.close()                  # the file removed
+
+Every tensor vLLM serves (the model's tensors under its files' names: bebop.model.checkpoint.file_tensors) has a
+fixed slot in the file, in the serving dtype, written from the model with one copy (cast on the way; from a GPU,
+one device-to-host copy). A sync compares each group of tensors with the last write by the tensors' storage and
+version counters (an optimizer step, `load_state_dict` and any in-place change move them): the trunk after an RL
+update, the MTP head after an online head update, both, or neither. An update names what vLLM loads: the
+target's changed tensors, and for the drafter (vLLM keeps an MTP head as a model of its own) the head's tensors
+when the head changed plus the embedding and LM head it shares with the trunk when the trunk changed. The worker
+(shim/bebop_weight_transfer.py) loads them from views of the file, inside vLLM's weight-update sessions; nothing
+is written to disk after the first load, and the file costs the served weights' bytes in shared memory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bebop.model.checkpoint import file_tensors
+from bebop.model.mtp import MTP_PREFIX
+from bebop.model.qwen3 import CausalLM
+
+ALIGN = 64  # bytes: every slot starts aligned for any dtype's view
+SHARED_WITH_DRAFTER = ("embed_tokens.", "lm_head.")  # trunk tensors an MTP drafter reads (it shares them in vLLM)
+
+
+def shared_memory_root() -> str:
+    """/dev/shm where it exists (Linux: memory, not disk), else the system's temporary folder."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+@dataclass(frozen=True)
+class Slot:
+    offset: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _signature(tensors: list[torch.Tensor]) -> tuple:
+    """What changes when a tensor's values may have: its storage and its version counter (None: never compared
+    equal, for a tensor without one, made under inference_mode)."""
+    out: list[tuple[int, int] | None] = []
+    for t in tensors:
+        try:
+            out.append((t.data_ptr(), t._version))
+        except RuntimeError:
+            out.append(None)
+    return tuple(out)
+
+
+class SharedWeights:
+    def __init__(self, model: CausalLM, *, dtype: torch.dtype | None = None, drafts: bool = False) -> None:
+        """`dtype`: the serving dtype (None: each tensor's own); `drafts`: vLLM drafts with the model's head (its
+        mtp.* tensors are served, and updates name the drafter's tensors)."""
+        self.drafts = drafts and any(name.startswith(MTP_PREFIX) for name, _ in model.state_dict().items())
+        tensors = file_tensors(model, with_head=self.drafts)
+        self.slots: dict[str, Slot] = {}
+        offset = 0
+        for name, t in tensors.items():
+            self.slots[name] = Slot(offset, tuple(t.shape), dtype if dtype is not None and t.is_floating_point()
+                                    else t.dtype)
+            offset += -(-self.slots[name].nbytes // ALIGN) * ALIGN
+        self.directory = Path(tempfile.mkdtemp(prefix=".bebop-vllm-weights-", dir=shared_memory_root()))
+        self.path = self.directory / "weights"
+        try:
+            with open(self.path, "wb") as f:
+                f.truncate(max(offset, 1))
+            self.data = torch.from_file(str(self.path), shared=True, size=max(offset, 1), dtype=torch.uint8)
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+        self.signatures: dict[str, tuple] = {}
+        self.update(model)
+
+    def view(self, name: str) -> torch.Tensor:
+        """The file's slot of `name`, as a tensor (shares the file's memory)."""
+        slot = self.slots[name]
+        return self.data[slot.offset: slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape)
+
+    def _groups(self, model: CausalLM) -> dict[str, dict[str, torch.Tensor]]:
+        """trunk and head: the served tensors of each, by file name."""
+        tensors = file_tensors(model, with_head=self.drafts)
+        if tensors.keys() != self.slots.keys():
+            raise ValueError("the model's tensors are not the ones its shared weights were laid out for")
+        head = {name: t for name, t in tensors.items() if name.startswith(MTP_PREFIX)}
+        return {"trunk": {name: t for name, t in tensors.items() if name not in head}, "head": head}
+
+    def update(self, model: CausalLM) -> dict:
+        """Write the groups whose tensors changed since the last write -> the update vLLM loads."""
+        changed = {}
+        for group, tensors in self._groups(model).items():
+            signature = _signature(list(tensors.values()))
+            if signature != self.signatures.get(group) or None in signature:
+                with torch.no_grad():
+                    for name, t in tensors.items():
+                        self.view(name).copy_(t)
+                self.signatures[group] = signature
+                changed[group] = list(tensors)
+        return self._update(changed.get("trunk", []), changed.get("head", []))
+
+    def everything(self) -> dict:
+        """The update that loads every served tensor from the last write (a worker started since)."""
+        head = [name for name in self.slots if name.startswith(MTP_PREFIX)]
+        return self._update([name for name in self.slots if name not in head], head)
+
+    def _update(self, trunk: list[str], head: list[str]) -> dict:
+        draft = [*head, *(name for name in trunk if any(key in name for key in SHARED_WITH_DRAFTER))] if self.drafts \
+            else []
+        return {"path": str(self.path), "target": [self._entry(name) for name in trunk],
+                "draft": [self._entry(name) for name in draft]}
+
+    def _entry(self, name: str) -> list:
+        slot = self.slots[name]
+        return [name, str(slot.dtype).removeprefix("torch."), list(slot.shape), slot.offset]
+
+    def close(self) -> None:
+        self.data = torch.empty(0, dtype=torch.uint8)  # the mapping released with the last reference
+        shutil.rmtree(self.directory, ignore_errors=True)
