@@ -6,10 +6,14 @@
 #
 # 1. `pytest -m cuda` (tests/test_cuda.py), its measured rates in cuda_tests.jsonl;
 # 2. benchmarks/gpu_costs.py at the Qwen3-1.7B and Qwen3-8B shapes, bfloat16, batch 1-256, with
-#    torch.compile'd decode timed beside eager (gpu_costs.jsonl).
+#    torch.compile'd decode timed beside eager (gpu_costs.jsonl);
+# 3. where the machine has vLLM (a GPU wheel, in $BEBOP_VLLM_PYTHON or this python3; the device cannot install
+#    one): the weight sync through vLLM's update sessions (benchmarks/vllm_sync.py, dense and a Qwen3.5 drafting
+#    with its head, CUDA graphs on) and a `bebop generate --engine vllm` (vllm_sync.jsonl, vllm.log);
+#    else vllm.log says it was skipped.
 # It runs under the machine's own python3 and torch (the device image holds torch, transformers,
 # safetensors, matplotlib and pytest); bebop is taken from src/ on PYTHONPATH, nothing installed.
-# Each part has its own time limit so that one hang cannot eat the lease: about 9 minutes in all.
+# Each part has its own time limit so that one hang cannot eat the lease: about 9 minutes in all, 13 with vLLM.
 set -o pipefail
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
@@ -20,3 +24,17 @@ BEBOP_CUDA_REPORT="$OUT/cuda_tests.jsonl" timeout 180 python3 -m pytest -p no:ca
     -q -s 2>&1 | tee "$OUT/cuda_tests.log"
 (cd benchmarks && timeout 360 python3 gpu_costs.py --device cuda --compile --out "$OUT/gpu_costs.jsonl") 2>&1 \
     | tee "$OUT/gpu_costs.log"
+VLLM_PY=${BEBOP_VLLM_PYTHON:-python3}
+if "$VLLM_PY" -c "import vllm" >/dev/null 2>&1; then
+    export BEBOP_VLLM_PYTHON="$(command -v "$VLLM_PY")"
+    (cd benchmarks && timeout 150 python3 vllm_sync.py --vllm-python "$BEBOP_VLLM_PYTHON" --sizes default,1024x16 \
+        --steps 4 && timeout 150 python3 vllm_sync.py --vllm-python "$BEBOP_VLLM_PYTHON" --arch qwen35 --spec rs \
+        --dtype bfloat16 --sizes 1024x16 --steps 4) 2>&1 | tee "$OUT/vllm.log" | grep '^{' > "$OUT/vllm_sync.jsonl"
+    timeout 60 python3 -m bebop init --out "$OUT/tmp-model" >> "$OUT/vllm.log" 2>&1
+    timeout 120 python3 -m bebop generate --model "$OUT/tmp-model" --prompt "12+7=" --max-new-tokens 64 \
+        --engine vllm --temperature 1.0 >> "$OUT/vllm.log" 2>&1
+    echo "vllm generate exit $?" | tee -a "$OUT/vllm.log"
+    rm -rf "$OUT/tmp-model"
+else
+    echo "skipped: no vLLM in $VLLM_PY (set BEBOP_VLLM_PYTHON to a Python with a GPU vLLM wheel)" | tee "$OUT/vllm.log"
+fi

@@ -26,9 +26,9 @@ import torch
 from bebop.embedded import init_model_dir
 from bebop.model import load_model
 from bebop.vllm.serve import VllmServer
+from decode_vs_vllm import build_model
 
 from common import machine
-from decode_vs_vllm import build_model
 
 VOCAB = 103  # the embedded tokenizer's
 

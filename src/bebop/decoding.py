@@ -31,7 +31,7 @@ from bebop.engine.step_costs import step_costs, without_head
 from bebop.engine.suffix_drafter import DRAFTERS
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
-from bebop.fields import opt
+from bebop.fields import opt, parse_switch
 from bebop.model.qwen3 import CausalLM
 from bebop.policy import Policy
 from bebop.sampling import SamplingParams
@@ -61,6 +61,12 @@ class DecodeSpec:
     vllm_timeout: float = opt(1800.0, "with --engine vllm: seconds the vLLM worker may take to start and to answer "
                               "each request; one that does not (hung, stopped) is killed and started again once, "
                               "then the run stops", identity=False)
+    vllm_gpu_memory: float = opt(0.0, "with --engine vllm on a GPU: the share of the device's memory vLLM may hold "
+                                 "(weights and KV cache); 0 = 0.9 for generate and eval, 0.5 for rl, whose trainer "
+                                 "shares the device", identity=False)
+    vllm_sleep: bool = opt(False, "with --engine vllm on a GPU (rl --mode sync): vLLM sleeps through each update (its "
+                           "KV cache freed, its weights in host memory), so the trainer has the memory (on/off)",
+                           parse=parse_switch, identity=False)
     drafter: str = opt("mtp", "what drafts with --spec: the model's MTP head; suffix: the rollouts' own text (the "
                        "group's siblings, earlier responses to the same prompt, the prompt; any model, no head); "
                        "both: per row the text's continuation where its match is long, else the head",
@@ -80,11 +86,21 @@ class DecodeSpec:
             raise BebopError("--vllm-python needs --engine vllm")
         if not self.vllm_timeout > 0:
             raise BebopError(f"--vllm-timeout must be a positive number of seconds, got {self.vllm_timeout}")
+        if not 0 <= self.vllm_gpu_memory <= 1:
+            raise BebopError(f"--vllm-gpu-memory is a share of the device's memory, in (0, 1] (0: the default), got "
+                             f"{self.vllm_gpu_memory}")
+        if self.engine == "bebop" and (self.vllm_gpu_memory or self.vllm_sleep):
+            raise BebopError(f"--vllm-{'sleep' if self.vllm_sleep else 'gpu-memory'} needs --engine vllm")
         if self.engine == "vllm" and self.k == AUTO:
             raise BebopError("--k auto needs bebop's engine: vLLM verifies a fixed number of drafts (give --k K)")
         check_drafter(self.drafter)
         if self.engine == "vllm" and self.drafter != "mtp":
             raise BebopError(f"--drafter {self.drafter} needs bebop's engine (--engine bebop)")
+
+    def vllm_worker(self) -> dict:
+        """The vLLM worker's settings among the flags (bebop.vllm.serve.VllmServer's keyword arguments)."""
+        return {"python": self.vllm_python or None, "timeout": self.vllm_timeout, "gpu_memory": self.vllm_gpu_memory,
+                "sleep": self.vllm_sleep}
 
     @property
     def drafts(self) -> bool:
@@ -153,8 +169,7 @@ def open_engine(policy: Policy, spec: DecodeSpec, *, model_dir: str | Path, rows
         from bebop.vllm.serve import VllmServer, serving_dtype
 
         with VllmServer(policy.model, model_dir, dtype=dtype or serving_dtype(policy.model), spec=spec.spec,
-                        k=spec.draft_depths,
-                        python=spec.vllm_python or None, seed=seed, timeout=spec.vllm_timeout) as server:
+                        k=spec.draft_depths, seed=seed, **spec.vllm_worker()) as server:
             engine = server.engine
             yield Decoder(engine, counting=(lambda sink: engine.counting(spec.draft_depths, sink)) if spec.drafts else None)
         return

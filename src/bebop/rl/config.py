@@ -101,6 +101,9 @@ class RLConfig:
         if not (self.lr > 0 and self.mtp_lr > 0 and 0 < self.clip_eps < 1 and self.is_cap >= 1 and self.kl_coef >= 0):
             raise BebopError("need --lr > 0, --mtp-lr > 0, 0 < --clip-eps < 1, is_cap >= 1 and --kl-coef >= 0")
         self._check_clip_and_entropy()
+        if self.decode.vllm_sleep and self.mode != "sync":
+            raise BebopError("--vllm-sleep frees vLLM's memory while the trainer updates: it needs --mode sync (in "
+                             "async mode vLLM samples the next batch during the update)")
         if self.rollout_threads < 0 or self.train_threads < 0:
             raise BebopError("--rollout-threads and --train-threads must be >= 0 (0 = torch's default)")
         if self.micro_batch_size < 0:

@@ -165,7 +165,7 @@ def _start_vllm(policy: Policy, cfg: RLConfig) -> VllmServer | None:
     from bebop.vllm.serve import VllmServer
 
     return VllmServer(policy.model, cfg.model, dtype=cfg.rollout_dtype, spec=cfg.decode.spec, k=cfg.draft_depths,
-                      python=cfg.decode.vllm_python or None, seed=cfg.seed, timeout=cfg.decode.vllm_timeout)
+                      seed=cfg.seed, beside_trainer=True, **cfg.decode.vllm_worker())
 
 
 def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model: CausalLM, *, start_index: int,

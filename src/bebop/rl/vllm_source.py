@@ -17,6 +17,7 @@ from bebop.rl.sync_source import SyncSource
 if TYPE_CHECKING:
     from bebop.model.qwen3 import CausalLM
     from bebop.rl.sampler import RolloutSampler
+    from bebop.rl.source import Fetched
     from bebop.vllm.serve import VllmServer
 
 
@@ -27,8 +28,14 @@ class VllmSource(SyncSource):
         self.server = server
         sampler.vllm = server
 
+    def next_batch(self, trainer_version: int) -> Fetched:
+        """The batch, sampled now; then vLLM sleeps through the update when it may (--vllm-sleep)."""
+        fetched = super().next_batch(trainer_version)
+        self.server.suspend()
+        return fetched
+
     def publish(self, model: CausalLM, version: int) -> None:
-        self.server.sync(model)
+        self.server.sync(model)  # wakes vLLM first
 
     def close(self) -> None:
         self.sampler.vllm = None

@@ -2,6 +2,7 @@
 has vLLM: `--vllm-python PATH`, else $BEBOP_VLLM_PYTHON, else this one (scripts/install_vllm_cpu.sh makes one).
 
     worker = VllmWorker(model_dir, dtype="float32", python=None, speculative_config=None, timeout=1800)
+    # on a GPU: CUDA graphs unless enforce_eager=True, gpu_memory_utilization, sleep_mode (suspend / resume)
     outs = worker.generate(prompts, params)          # [{"token_ids", "logprobs", "finish_reason"}]
     worker.update(shared.update(model))             # the weights that changed, from shared memory (shared_weights.py)
     counters = worker.counters()                     # vLLM's cumulative spec_decode_* counters
@@ -47,7 +48,8 @@ TIMEOUT_HINT = "raise --vllm-timeout if it was only slow"
 
 class VllmWorker:
     def __init__(self, model_dir: str | Path, *, dtype: str = "auto", python: str | None = None, seed: int = 0,
-                 max_model_len: int | None = None, speculative_config: dict | None = None, enforce_eager: bool = True,
+                 max_model_len: int | None = None, speculative_config: dict | None = None,
+                 enforce_eager: bool | None = None, gpu_memory_utilization: float = 0.9, sleep_mode: bool = False,
                  prefix_caching: bool | None = None, timeout: float = DEFAULT_TIMEOUT_S, restarts: int = 1,
                  cleanup: Sequence[str | Path] = (), script: str | Path = WORKER,
                  after_restart: Callable[[VllmWorker], None] | None = None) -> None:
@@ -58,6 +60,7 @@ class VllmWorker:
             raise BebopError(f"--vllm-timeout must be a positive number of seconds, got {timeout}")
         self.config = {"model": str(model_dir), "dtype": dtype, "seed": seed, "max_model_len": max_model_len,
                        "speculative_config": speculative_config, "enforce_eager": enforce_eager,
+                       "gpu_memory_utilization": gpu_memory_utilization, "sleep_mode": sleep_mode,
                        "enable_prefix_caching": prefix_caching, "parent": os.getpid(),
                        "cleanup": [str(p) for p in cleanup]}
         self.timeout, self.restarts_left, self.script = timeout, restarts, Path(script)
@@ -175,6 +178,13 @@ class VllmWorker:
     def update(self, update: dict) -> dict:
         """Load the tensors an update names (SharedWeights.update) from its shared-memory file."""
         return self.ask("update", **update)
+
+    def suspend(self) -> None:
+        """vLLM's sleep mode (a GPU worker started with sleep_mode): its KV cache freed, its weights in host memory."""
+        self.ask("suspend")
+
+    def resume(self) -> None:
+        self.ask("resume")
 
     def counters(self) -> dict:
         return {**self.ask("metrics")["counters"], "_restarts": self.restarts}

