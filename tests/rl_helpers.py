@@ -4,6 +4,7 @@ a small RLConfig, the metrics of a run."""
 import json
 import shutil
 import threading
+import time
 
 import torch
 
@@ -12,6 +13,7 @@ from bebop.model import load_model
 from bebop.model.checkpoint import save_model
 from bebop.rl import RLConfig
 from bebop.rl.records import RolloutBatch
+from bebop.rl.sampler import RolloutSampler
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
             head_dim=16, max_position_embeddings=256)
@@ -48,6 +50,24 @@ class DigitTask:
 
     def score(self, problem, completion):
         return float(sum(ch.isdigit() for ch in completion) >= 2)
+
+
+class VariedReward(DigitTask):
+    """A reward that differs between any two samples (the share of distinct characters): every group has
+    advantages, so each update moves the weights."""
+
+    def score(self, problem, completion):
+        return len(set(completion)) / max(len(completion), 1)
+
+
+class SlowSampler(RolloutSampler):
+    """Takes `delay_s` per batch, so a rollout worker can be killed mid-batch."""
+
+    delay_s = 1.0
+
+    def collect(self, model, *, index, policy_version):
+        time.sleep(self.delay_s)
+        return super().collect(model, index=index, policy_version=policy_version)
 
 
 def rl_cfg(model, **kw):

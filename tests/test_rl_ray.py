@@ -25,22 +25,10 @@ from bebop.rl.config import Backend
 from bebop.rl.sampler import STREAM_STRIDE, RolloutSampler
 from bebop.tasks import get_task
 
-from rl_helpers import DigitTask, check_rollouts_end_their_turn, read_metrics, rl_cfg, spy_rollouts
+from rl_helpers import DigitTask, SlowSampler, check_rollouts_end_their_turn, read_metrics, rl_cfg, spy_rollouts
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 _temp_dir="/tmp/bebop-ray", runtime_env={"env_vars": {"PYTHONPATH": str(TESTS_DIR)}})
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 def _run(args, **kw):
@@ -136,16 +124,6 @@ def test_more_workers_than_the_cluster_has_cpus_is_refused_at_once(headed, ray_s
 
 def _metrics_of(summary):
     return read_metrics(Path(summary["run_dir"]))
-
-
-class SlowSampler(RolloutSampler):
-    """Takes `delay_s` per batch, so a worker can be killed mid-batch."""
-
-    delay_s = 1.0
-
-    def collect(self, model, *, index, policy_version):
-        time.sleep(self.delay_s)
-        return super().collect(model, index=index, policy_version=policy_version)
 
 
 def test_a_killed_worker_is_restarted_with_the_current_weights(headed, ray_session):

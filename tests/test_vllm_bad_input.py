@@ -37,7 +37,10 @@ def test_a_python_without_vllm_is_one_line(headed, tmp_path, capsys, no_vllm_pyt
 
 @pytest.mark.parametrize("extra, message", [
     (["--vllm-python", "/no/such/python"], "--vllm-python /no/such/python: no such file"),
-    (["--backend", "ray", "--mode", "async"], "--engine vllm samples in one vLLM worker process"),
+    (["--backend", "ray", "--mode", "async", "--vllm-python", "/no/such/python"],
+     "--vllm-python /no/such/python: no such file"),  # checked here, not in the Ray actors
+    (["--vllm-sleep", "on", "--mode", "async"], "--vllm-sleep frees vLLM's memory while the trainer updates"),
+    (["--vllm-gpu-memory", "1.5"], "--vllm-gpu-memory is a share of the device's memory"),
     (["--spec", "rs", "--k", "auto"], "--k auto needs bebop's engine"),
 ])
 def test_flags_vllm_cannot_take_are_refused(headed, tmp_path, capsys, extra, message):

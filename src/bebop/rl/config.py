@@ -128,6 +128,12 @@ class RLConfig:
         """What the run's prompts come from: the --data file's name, else the task's."""
         return Path(self.data).name if self.data else self.task
 
+    def vllm_server(self) -> dict:
+        """With --engine vllm: the keyword arguments of the vLLM server a rollout source samples on
+        (bebop.vllm.serve.VllmServer, after the model and its source directory)."""
+        return {"dtype": self.rollout_dtype, "spec": self.decode.spec, "k": self.draft_depths, "seed": self.seed,
+                **self.decode.vllm_worker()}
+
     @property
     def draft_depths(self) -> int:
         """The deepest draft a step may verify (K, or --max-k with --k auto): also the online MTP depths."""
@@ -168,9 +174,6 @@ class Backend:
             if self.rollout_workers != 1 or self.ray_address is not None:
                 raise BebopError("--rollout-workers and --ray-address need --backend ray")
             return
-        if cfg.decode.engine == "vllm":
-            raise BebopError("--engine vllm samples in one vLLM worker process bebop starts here: use --backend local "
-                             "(--mode async overlaps it with training)")
         if cfg.mode != "async":
             raise BebopError("--backend ray samples asynchronously: use --mode async "
                              "(--max-staleness 0 for on-policy batches)")

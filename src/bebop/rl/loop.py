@@ -158,14 +158,14 @@ def step_metrics(step: int, fetched: Fetched, stats: TrainStats, trainer_version
         mtp_acceptance_per_depth=mtp.acceptance_per_depth if mtp is not None else [])
 
 
-def _start_vllm(policy: Policy, cfg: RLConfig) -> VllmServer | None:
-    """With --engine vllm: a vLLM worker serving the policy's weights now (its head drafting with --spec)."""
-    if cfg.decode.engine != "vllm":
+def _start_vllm(policy: Policy, cfg: RLConfig, backend: Backend) -> VllmServer | None:
+    """With --engine vllm on the local backend: a vLLM worker serving the policy's weights now (its head drafting
+    with --spec), on the trainer's device. On Ray each rollout actor starts its own."""
+    if cfg.decode.engine != "vllm" or backend.name == "ray":
         return None
     from bebop.vllm.serve import VllmServer
 
-    return VllmServer(policy.model, cfg.model, dtype=cfg.rollout_dtype, spec=cfg.decode.spec, k=cfg.draft_depths,
-                      seed=cfg.seed, beside_trainer=True, **cfg.decode.vllm_worker())
+    return VllmServer(policy.model, cfg.model, beside_trainer=True, **cfg.vllm_server())
 
 
 def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model: CausalLM, *, start_index: int,
@@ -176,9 +176,21 @@ def make_source(backend: Backend, cfg: RLConfig, sampler: RolloutSampler, model:
         return on_vllm(sampler, model, server, start_index=start_index, policy_version=policy_version,
                        max_staleness=cfg.max_staleness)
     kind = SOURCES[(backend.name, cfg.mode)]
-    extra = {"workers": backend.rollout_workers, "address": backend.ray_address} if backend.name == "ray" else {}
+    extra = {"workers": backend.rollout_workers, "address": backend.ray_address,
+             "vllm": ray_vllm(cfg)} if backend.name == "ray" else {}
     return kind(sampler, model, start_index=start_index, policy_version=policy_version,
                 max_staleness=cfg.max_staleness, **extra)
+
+
+def ray_vllm(cfg: RLConfig) -> dict | None:
+    """With --engine vllm: the vLLM server each Ray rollout actor starts (its Python resolved here, where the flag
+    and $BEBOP_VLLM_PYTHON are)."""
+    if cfg.decode.engine != "vllm":
+        return None
+    from bebop.vllm.client import vllm_python
+
+    server = cfg.vllm_server()
+    return {**server, "source_dir": str(Path(cfg.model).resolve()), "python": vllm_python(server["python"])}
 
 
 def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: bool = True,
@@ -191,6 +203,7 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
     world, device = join_world(device, parallel, loggers)
     check_learner_ranks(cfg, world.size)
     if backend.name == "ray" and world.is_main:
+        ray_vllm(cfg)  # its Python checked
         preflight(backend.ray_address)  # before anything is written to the run directory
     out = Path(out)
     ckpt = _prepare(out, cfg, resume)
@@ -201,7 +214,7 @@ def train_rl(out: str | Path, cfg: RLConfig, *, resume: bool = False, progress: 
         if cfg.eval_data else None
     sampler = RolloutSampler(task, policy, cfg)
     sampler.check_expressible(policy)
-    server = _start_vllm(policy, cfg)  # vLLM's own reason when it cannot serve the model, before any write
+    server = _start_vllm(policy, cfg, backend)  # vLLM's own reason when it cannot serve the model, before any write
     try:
         world.barrier()  # every rank has checked its inputs: only now is anything written
         if world.is_main:

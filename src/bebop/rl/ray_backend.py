@@ -17,6 +17,10 @@ Glossary:
     issued      an index handed to exactly one worker; `pending` maps its result ref to the worker
     ready       finished batches not yet consumed (they may finish out of order)
 
+With `--engine vllm` each worker also owns a vLLM worker process (bebop.vllm.serve.VllmServer) that samples its
+batches: it is started from the worker's model and synced with every state dict the worker loads, and it dies
+with the worker (a replaced worker starts a new one).
+
 Models: every worker builds its rollout model from a state dict sent through the object store (the
 driver's current weights, head included), never from a model directory: a directory need not
 exist on other nodes, and a restarted worker must start from the newest weights anyway. Weights:
@@ -65,6 +69,7 @@ from bebop.rl.source import Fetched, is_fresh, sync_weights
 
 START_TIMEOUT_S = 300.0  # a worker that is not up by then: the cluster lacks CPUs/GPUs, or the model is huge
 MAX_ATTEMPTS = 3  # workers one data index may kill before the run gives up
+CLOSE_TIMEOUT_S = 60.0  # for the actors to stop their vLLM workers
 
 
 def cpu_state(model: CausalLM) -> dict[str, torch.Tensor]:
@@ -82,15 +87,31 @@ def build_rollout_model(config, state: dict[str, torch.Tensor], device: torch.de
 class RolloutWorker:
     """One rollout actor: a rollout model (trunk + head) and the sampler. Made a Ray actor by RaySource."""
 
-    def __init__(self, sampler: RolloutSampler, config, state: dict[str, torch.Tensor], version: int) -> None:
+    def __init__(self, sampler: RolloutSampler, config, state: dict[str, torch.Tensor], version: int,
+                 vllm: dict | None = None) -> None:
+        """`vllm`: the actor samples on a vLLM worker of its own (VllmServer's arguments, `source_dir` among
+        them), which it keeps serving its model's weights."""
         import ray
 
         device = torch.device("cuda" if ray.get_gpu_ids() else "cpu")
         self.sampler, self.version = sampler, version
         self.model = build_rollout_model(config, state, device)
+        self.server = None
+        if vllm is not None:
+            from bebop.vllm.serve import VllmServer
+
+            source_dir = vllm.pop("source_dir")
+            self.server = VllmServer(self.model, source_dir, **vllm)
+            sampler.vllm = self.server
 
     def pid(self) -> int:
         return os.getpid()
+
+    def close(self) -> None:
+        """The vLLM worker stopped and its files removed (killed with the actor, it removes them itself)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
     def collect(self, index: int, version: int, state: dict[str, torch.Tensor] | None,
                 suspended: bool = False) -> RolloutBatch:
@@ -100,6 +121,8 @@ class RolloutWorker:
         if state is not None:
             sync_weights(self.model, state)
             self.version = version
+            if self.server is not None:
+                self.server.sync(self.model)
         return self.sampler.collect(self.model, index=index, policy_version=self.version)
 
 
@@ -114,8 +137,11 @@ class Slot:
 
 class RaySource:
     def __init__(self, sampler: RolloutSampler, model: CausalLM, *, start_index: int, policy_version: int = 0,
-                 max_staleness: int = 1, workers: int = 1, address: str | None = None) -> None:
+                 max_staleness: int = 1, workers: int = 1, address: str | None = None, vllm: dict | None = None) -> None:
+        """`vllm`: each rollout actor samples on a vLLM worker of its own, started with these VllmServer
+        arguments (`source_dir` among them)."""
         check_worker_count(workers, max_staleness)
+        self.vllm = vllm
         self.ray = ray = require_ray()
         self.slots: list[Slot] = []
         self.owns_ray = connect(address, workers)
@@ -141,7 +167,8 @@ class RaySource:
 
     # workers
     def _spawn(self):
-        return self.actor_class.remote(self.sampler_ref, self.config, self.weights, self.version)
+        return self.actor_class.remote(self.sampler_ref, self.config, self.weights, self.version,
+                                       dict(self.vllm) if self.vllm else None)
 
     def _check_resources(self, workers: int) -> None:
         """Refuse at once what the cluster can never schedule (one CPU, and a GPU with CUDA, per worker)."""
@@ -234,6 +261,11 @@ class RaySource:
         self.drafting_suspended = suspended
 
     def close(self) -> None:
+        if self.vllm and self.slots:  # each actor stops its vLLM worker first (a killed one's worker cleans up too)
+            try:
+                self.ray.get([s.actor.close.remote() for s in self.slots], timeout=CLOSE_TIMEOUT_S)
+            except (self.ray.exceptions.RayError, self.ray.exceptions.GetTimeoutError):
+                pass
         for slot in self.slots:
             self.ray.kill(slot.actor, no_restart=True)
         self.slots, self.pending = [], {}

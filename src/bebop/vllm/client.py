@@ -53,9 +53,7 @@ class VllmWorker:
                  prefix_caching: bool | None = None, timeout: float = DEFAULT_TIMEOUT_S, restarts: int = 1,
                  cleanup: Sequence[str | Path] = (), script: str | Path = WORKER,
                  after_restart: Callable[[VllmWorker], None] | None = None) -> None:
-        self.python = python or os.environ.get("BEBOP_VLLM_PYTHON") or sys.executable
-        if not Path(self.python).is_file():
-            raise BebopError(f"--vllm-python {self.python}: no such file ({INSTALL_HINT})")
+        self.python = vllm_python(python)
         if not timeout > 0:
             raise BebopError(f"--vllm-timeout must be a positive number of seconds, got {timeout}")
         self.config = {"model": str(model_dir), "dtype": dtype, "seed": seed, "max_model_len": max_model_len,
@@ -231,6 +229,14 @@ class VllmWorker:
         except subprocess.TimeoutExpired:
             pass
         self._stop()
+
+
+def vllm_python(python: str | None) -> str:
+    """The Python the worker runs in: `python`, else $BEBOP_VLLM_PYTHON, else this one; an error if it is no file."""
+    path = python or os.environ.get("BEBOP_VLLM_PYTHON") or sys.executable
+    if not Path(path).is_file():
+        raise BebopError(f"--vllm-python {path}: no such file ({INSTALL_HINT})")
+    return path
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
