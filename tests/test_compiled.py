@@ -189,3 +189,26 @@ def test_an_engine_call_takes_its_step_functions_once(spec_model, monkeypatch):
     generate(spec_model, prompts, max_new_tokens=12, sampling=SamplingParams(0.0), stop_ids=[EOS])
     speculative_generate(spec_model, prompts, k=2, mode="rs", max_new_tokens=12, sampling=SamplingParams(0.0))
     assert looked_up == [spec_model, spec_model]
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN runs no bfloat16 on this CPU")
+def test_compiled_graphs_take_packed_weights_and_their_updates_without_recompiling(spec_model):
+    """In bfloat16 a compiled graph multiplies by oneDNN's packed copies (model/packed_linear.py: an input of the
+    graph, remade when its weight changes): an in-place update reaches the next call with no new graph, and decodes
+    as a model compiled afresh with the updated weights does."""
+    model = copy.deepcopy(spec_model).to(torch.bfloat16)
+    assert compiled.compile_steps(model, "on")
+    prompts = ids_of(PROMPTS)
+    generate(model, prompts, max_new_tokens=12, sampling=GREEDY, stop_ids=[EOS])
+    layers = [m for m in model.modules() if getattr(m, "graph_weight", None) is not None]
+    assert layers  # the graphs took packed weights
+    before = unique_graphs()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    updated = generate(model, prompts, max_new_tokens=12, sampling=GREEDY, stop_ids=[EOS])
+    assert unique_graphs() == before
+    fresh = copy.deepcopy(model)
+    assert compiled.compile_steps(fresh, "on")
+    again = generate(fresh, prompts, max_new_tokens=12, sampling=GREEDY, stop_ids=[EOS])
+    assert [g.token_ids for g in updated] == [g.token_ids for g in again]

@@ -54,6 +54,7 @@ from bebop.errors import BebopError
 from bebop.model.hybrid_cache import HybridCache
 from bebop.model.kv_cache import KVCache
 from bebop.model.layers import rope_table
+from bebop.model.packed_linear import prepare_graphs
 from bebop.model.qwen3 import CausalLM
 from bebop.model.static_cache import HybridStaticView, StaticView
 from bebop.sampling import SamplingParams
@@ -61,10 +62,10 @@ from bebop.sampling import SamplingParams
 COMPILE_CHOICES = ("auto", "on", "off")
 MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
 PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md)
-# on a CPU a hybrid trunk runs compiled up to this many live rows: there its eager step, on oneDNN's packed
-# weights (model/packed_linear.py, which a graph does not use), matched the compiled one at one row and beat it
-# from 8 (docs/benchmarks.md); on other devices a hybrid compiles at every batch size
-HYBRID_MAX_ROWS = 0
+# on a CPU a hybrid trunk runs compiled up to this many live rows (both paths on oneDNN's packed weights,
+# model/packed_linear.py): the compiled step is the faster one at 1 and 8 rows, the eager one at 64
+# (docs/benchmarks.md); on other devices a hybrid compiles at every batch size
+HYBRID_MAX_ROWS = 8
 RECOMPILE_LIMIT = 64  # graphs per compiled function: batch 1 or more x chunk lengths x depths x rope tables
 
 _STEPS: weakref.WeakKeyDictionary[CausalLM, CompiledSteps] = weakref.WeakKeyDictionary()
@@ -99,7 +100,11 @@ def compile_steps(model: CausalLM, choice: str, decode_steps: int = 0) -> bool:
 def steps_of(model: CausalLM) -> EagerSteps:
     """The step functions the engine runs `model`'s decoding with: its compiled steps (compile_steps), else eager.
     An engine call takes them once and passes them on."""
-    return _STEPS.get(model) or EAGER
+    steps = _STEPS.get(model)
+    if steps is None:
+        return EAGER
+    prepare_graphs(model)
+    return steps
 
 
 def compiled_steps(model: CausalLM) -> CompiledSteps | None:

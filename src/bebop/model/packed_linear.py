@@ -12,9 +12,12 @@ bfloat16 and on float32 at many rows). Small float32 products keep F.linear, who
 
 The packed copy is used only inside `decoding()` (the engine's generate, speculative_generate and
 cost profile enter it; a learner's no-grad passes, whose weights a sharded learner gathers anew, do
-not), and only where it cannot be stale or in the way: no autograd (training takes `F.linear`), not
-inside a compiled graph (inductor lowers the matmul itself), a CPU tensor of the weight's dtype, a
-weight with a version counter (not one made under inference_mode). The copy is remade whenever the
+not), and only where it cannot be stale or in the way: no autograd (training takes `F.linear`), a CPU
+tensor of the weight's dtype, a weight with a version counter (not one made under inference_mode).
+A compiled decoding step takes the copies too: `prepare_graphs(model)` (the engine's steps_of, once an
+engine call) sets each layer's `graph_weight`, an input of the graph like the weight, and the graph calls
+oneDNN through the opaque op `bebop::packed_linear` (inductor's own lowering wants a frozen constant);
+in a graph the rows are not known, so there a float32 weight is packed by its size alone. The copy is remade whenever the
 weight changes: the key is the weight tensor and its version counter, which every in-place write
 bumps (an optimizer step, `load_state_dict`, a weight sync), so an RL step's update reaches the
 next rollout. The copies are held apart from the module, by the weight's identity, so they are never
@@ -88,8 +91,46 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return held[2]
 
 
+@torch.library.custom_op("bebop::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """oneDNN's matmul on a packed weight, opaque to inductor (whose own lowering of it wants a frozen constant)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def _graph_usable(weight: torch.Tensor) -> bool:
+    """A weight a compiled graph multiplies packed: the rules of _usable that do not depend on the rows."""
+    return (PACKED and weight.device.type == "cpu" and not weight.is_inference() and _onednn(weight.dtype)
+            and (weight.dtype == torch.bfloat16 or weight.numel() >= MIN_WEIGHT))
+
+
+def prepare_graphs(model: nn.Module) -> None:
+    """Before compiled decoding: each PackedLinear's packed copy where a graph takes it (remade if its weight changed),
+    an input of the graph like the weight itself."""
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.graph_weight = packed_weight(module.weight) if _graph_usable(module.weight) else None
+
+
 class PackedLinear(nn.Linear):
+    graph_weight: torch.Tensor | None = None  # set by prepare_graphs
+
+    def __getstate__(self) -> dict:
+        """A copy or pickle leaves the packed copy behind (an opaque oneDNN tensor; prepare_graphs remakes it)."""
+        state = dict(self.__dict__)
+        state.pop("graph_weight", None)
+        return state
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            packed = self.graph_weight
+            if packed is not None and x.dtype == self.weight.dtype and not torch.is_grad_enabled():
+                return packed_linear(x, packed, self.bias, self.out_features)
+            return F.linear(x, self.weight, self.bias)
         if _usable(x, self.weight):
             return torch.ops.mkldnn._linear_pointwise(x, packed_weight(self.weight), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
