@@ -34,7 +34,10 @@ def test_every_slot_holds_the_tensor_vllm_loads_by_its_file_name(model):
         files = file_tensors(model)
         assert set(shared.slots) == set(files) and any(n.startswith("mtp.") for n in files)
         assert any(n.endswith("q_proj.weight") for n in files)  # the files' names: fused projections split
-        assert slots_hold(shared, model)
+        # vLLM starts from the model directory: until a sync there is no file, and a new worker needs nothing
+        assert not shared.path.exists() and shared.everything()["target"] == shared.everything()["draft"] == []
+        assert shared.update(model) == {"path": str(shared.path), "target": [], "draft": []}  # nothing changed
+        assert slots_hold(shared, model)  # yet the file, made now, holds every served tensor
         assert all(shared.slots[n].offset % 64 == 0 for n in files)
         everything = shared.everything()
         assert names(everything["target"]) | names(everything["draft"]) == set(files)
@@ -79,6 +82,7 @@ def test_an_update_sends_what_changed_and_nothing_else(model):
 def test_without_drafting_the_head_is_not_served_and_slots_take_the_serving_dtype(model):
     shared = SharedWeights(model, dtype=torch.bfloat16, drafts=False)
     try:
+        shared.update(model)
         assert not any(n.startswith("mtp.") for n in shared.slots)
         assert all(shared.slots[n].dtype == torch.bfloat16 for n in shared.slots)
         assert all(torch.equal(shared.view(n), t.to(torch.bfloat16))
@@ -95,6 +99,22 @@ def test_without_drafting_the_head_is_not_served_and_slots_take_the_serving_dtyp
 def test_close_removes_the_file(model):
     shared = SharedWeights(model, drafts=True)
     directory = Path(shared.directory)
-    assert shared.path.is_file() and shared.path.stat().st_size > 0
+    shared.update(model)
+    assert shared.path.is_file() and shared.path.stat().st_size == shared.nbytes
     shared.close()
     assert not directory.exists()
+
+
+def test_without_room_in_dev_shm_the_file_goes_to_the_temporary_folder(model, monkeypatch, tmp_path):
+    """A container's /dev/shm is often 64 MB: a file that does not fit would fault on its first write there."""
+    from bebop.vllm import shared_weights
+
+    monkeypatch.setattr(shared_weights.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(shared_weights.os, "statvfs", lambda path: type("S", (), {"f_bavail": 10, "f_frsize": 4096}))
+    shared = SharedWeights(model, drafts=True)
+    try:
+        assert shared.directory.parent == tmp_path and shared.nbytes > 10 * 4096
+        shared.update(model)
+        assert slots_hold(shared, model)
+    finally:
+        shared.close()
