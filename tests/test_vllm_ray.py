@@ -64,13 +64,17 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_a_killed_actor_is_replaced_with_a_vllm_worker_serving_the_current_weights(vllm_dense_dir, ray_session):
+def test_a_killed_actor_is_replaced_with_a_vllm_worker_serving_the_current_weights(vllm_dense_dir, ray_session,
+                                                                                  tmp_path):
+    """The actors are told of a model directory that does not exist (as on another node): they serve vLLM from
+    their own models."""
     from bebop.rl.ray_backend import RaySource
 
     policy = load_policy(vllm_dense_dir, device="cpu")
     cfg = vllm_cfg(vllm_dense_dir, batch_prompts=2, group_size=2, max_new_tokens=12, max_staleness=0)
+    elsewhere = {**ray_vllm(cfg), "source_dir": str(tmp_path / "not-on-this-node")}
     source = RaySource(SlowSampler(VariedReward(get_task("math")), policy, cfg), policy.model, start_index=0,
-                       max_staleness=0, workers=1, vllm=ray_vllm(cfg))
+                       max_staleness=0, workers=1, vllm=elsewhere)
     try:
         first = source.next_batch(0)
         [pid] = source.worker_pids()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bebop.errors import BebopError
 from bebop.fileio import atomic_write_json
-from bebop.model.config import HYBRID_FAMILIES, read_config
+from bebop.model.config import HYBRID_FAMILIES, ModelConfig, read_config
 
 EXPORT_ENGINES = ("vllm", "sglang")  # serving engines whose MTP loader an export targets
 
@@ -26,7 +26,7 @@ def export_head(model_dir: str | Path, *, engine: str, out: str | Path, k: int =
     src, dst = Path(model_dir), Path(out)
     if engine not in EXPORT_ENGINES:
         raise BebopError(f"--engine must be one of {', '.join(EXPORT_ENGINES)}, got {engine!r}")
-    check_engine_head(src, engine)
+    check_engine_head(read_config(src), src, engine)
     if dst.exists():
         raise BebopError(f"--out {dst} already exists")
     staged = dst.with_name(f".{dst.name}.partial")
@@ -38,9 +38,9 @@ def export_head(model_dir: str | Path, *, engine: str, out: str | Path, k: int =
     return launch_settings(engine, dst, k)
 
 
-def check_engine_head(src: Path, engine: str) -> None:
-    """The model in `src` has a head that `engine` loads as MTP, else one line saying why not."""
-    cfg = read_config(src)
+def check_engine_head(cfg: ModelConfig, src: str | Path, engine: str) -> None:
+    """The model of config `cfg` (from `src`, which the messages name) has a head that `engine` loads as MTP, else
+    one line saying why not."""
     if not cfg.mtp_num_hidden_layers:
         raise BebopError(f"{src} has no MTP head (config.json: mtp_num_hidden_layers is 0); add one with "
                          "`bebop mtp init` and train it with `bebop mtp train`")

