@@ -51,6 +51,14 @@ def test_flags_vllm_cannot_take_are_refused(headed, tmp_path, capsys, extra, mes
     assert not run.exists()
 
 
+def test_sleep_mode_is_refused_where_nothing_trains(headed, tmp_path, capsys):
+    out = tmp_path / "gen.jsonl"
+    assert main(["generate", "--model", str(headed), "--prompt", "1+1=", "--max-new-tokens", "4", "--engine", "vllm",
+                 "--vllm-sleep", "on", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--vllm-sleep acts in rl --mode sync" in err[0] and not out.exists()
+
+
 def test_a_dense_head_cannot_draft_on_vllm(headed, tmp_path, capsys, no_vllm_python):
     """vLLM loads MTP heads for Qwen3.5 only: refused before any worker starts."""
     run = tmp_path / "run"

@@ -165,6 +165,9 @@ def open_engine(policy: Policy, spec: DecodeSpec, *, model_dir: str | Path, rows
     """The engine `spec` names, over `policy`, for a run of `rows` prompts `batch_size` a call (which `compile="auto"`
     weighs) at `sampling`; a vLLM worker (serving the weights in `dtype`, by default the model's own or the one
     vLLM can serve it in, with `model_dir`'s tokenizer files) stops on leaving."""
+    if spec.vllm_sleep:
+        raise BebopError("--vllm-sleep acts in rl --mode sync (vLLM sleeps through each update): a run that only "
+                         "decodes has no update to sleep through")
     if spec.engine == "vllm":
         from bebop.vllm.serve import VllmServer
 
