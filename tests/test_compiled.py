@@ -181,10 +181,10 @@ def test_an_engine_call_takes_its_step_functions_once(spec_model, monkeypatch):
 
     def counting(model):
         looked_up.append(model)
-        return compiled.steps_of(model)
+        return compiled.prepared_steps(model)
 
-    monkeypatch.setattr(plain_module, "steps_of", counting)
-    monkeypatch.setattr(speculative, "steps_of", counting)
+    monkeypatch.setattr(plain_module, "prepared_steps", counting)
+    monkeypatch.setattr(speculative, "prepared_steps", counting)
     prompts = ids_of(PROMPTS)
     generate(spec_model, prompts, max_new_tokens=12, sampling=SamplingParams(0.0), stop_ids=[EOS])
     speculative_generate(spec_model, prompts, k=2, mode="rs", max_new_tokens=12, sampling=SamplingParams(0.0))

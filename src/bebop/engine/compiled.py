@@ -1,7 +1,7 @@
 """Compiled decoding steps: `--compile auto|on|off` (inductor on the CPU).
 
     compile_steps(model, "on")              # or "auto" with the run's expected decode steps
-    steps = steps_of(model)                 # an engine call takes its step functions once and passes them on
+    steps = prepared_steps(model)           # an engine call takes its step functions once and passes them on
     hidden = steps.forward(model, ids, cache, counts)                    # plain decoding's step
     drafts, draft_probs = steps.draft_chain(model, head_cache, ...)    # a speculative step's two verbs:
     hidden, host = steps.verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws, ...)
@@ -98,12 +98,16 @@ def compile_steps(model: CausalLM, choice: str, decode_steps: int = 0) -> bool:
 
 
 def steps_of(model: CausalLM) -> EagerSteps:
-    """The step functions the engine runs `model`'s decoding with: its compiled steps (compile_steps), else eager.
-    An engine call takes them once and passes them on."""
-    steps = _STEPS.get(model)
-    if steps is None:
-        return EAGER
-    prepare_graphs(model)
+    """The step functions the engine runs `model`'s decoding with: its compiled steps (compile_steps), else eager."""
+    return _STEPS.get(model) or EAGER
+
+
+def prepared_steps(model: CausalLM) -> EagerSteps:
+    """steps_of, with the packed weight copies its graphs take made current (model/packed_linear.py): what an engine
+    call takes once, before its first step, and passes on."""
+    steps = steps_of(model)
+    if steps is not EAGER:
+        prepare_graphs(model)
     return steps
 
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bebop.engine.compiled import steps_of
+from bebop.engine.compiled import prepared_steps
 from bebop.engine.prefill import prefill
 from bebop.engine.records import Generation
 from bebop.engine.rows import Observer, RowBook
@@ -92,7 +92,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
     live, lengths = _leave_finished(book, list(range(len(prompts))), [0] * len(prompts), cache)
     # live: prompt index of each cache row; lengths: host copy of cache.lengths, exact
     lengths = prefill_prompts(model, book, live, cache, pad_id=pad_id)
-    steps = steps_of(model)  # the step's forward: compiled when compile_steps compiled the model
+    steps = prepared_steps(model)  # the step's forward: compiled when compile_steps compiled the model
     while live:
         pending = [book.pending[row] for row in live]
         ids, counts = pad_chunk(pending, pad_id, model.device)  # (R, T), (R,)

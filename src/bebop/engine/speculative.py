@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from bebop.engine.adaptive import AdaptiveK
-from bebop.engine.compiled import EagerSteps, compile_seconds, steps_of
+from bebop.engine.compiled import EagerSteps, compile_seconds, prepared_steps
 from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, prefill_prompts, rows_to_keep
 from bebop.engine.metrics import SpecMetrics, count_draft
 from bebop.engine.records import Generation
@@ -171,7 +171,7 @@ class _SpeculativeRun:
                  index: SuffixIndex | None = None, max_k: int = DEFAULT_MAX_K) -> None:
         cfg = model.config
         self.model, self.k, self.mode, self.sampling = model, k, mode, sampling
-        self.steps = steps_of(model)  # compiled when compile_steps compiled the model
+        self.steps = prepared_steps(model)  # compiled when compile_steps compiled the model
         self.generator, self.pad_id, self.controller = generator, pad_id, controller
         self.book = RowBook(prompts, max_new_tokens, stop_ids, interrupt_ids, observer,
                             context=cfg.max_position_embeddings)

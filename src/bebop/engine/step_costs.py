@@ -31,7 +31,7 @@ import weakref
 
 import torch
 
-from bebop.engine.compiled import is_compiled, steps_of
+from bebop.engine.compiled import is_compiled, prepared_steps, steps_of
 from bebop.engine.metrics import rows_bucket
 from bebop.model.kv_cache import KVCache
 from bebop.model.packed_linear import decoding
@@ -146,6 +146,7 @@ def profile(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
     through the functions the engine runs (compiled when the model's steps are: this compiles their graphs
     before decoding starts, so no decoding step pays for one). The caches are made once per row count, outside
     the timings: a step allocates none."""
+    prepared_steps(model)  # the graphs' packed weight copies made current once, outside the timings, as a run does
     trunk, mtp = {}, {}
     for rows in profile_rows(max_rows):
         cache = model.new_cache(rows, 2 * PROFILE_CONTEXT + max_k + 1)  # room past the span, as in a run

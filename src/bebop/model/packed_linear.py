@@ -17,11 +17,13 @@ tensor of the weight's dtype, a weight with a version counter (not one made unde
 A compiled decoding step takes the copies too: `prepare_graphs(model)` (the engine's steps_of, once an
 engine call) sets each layer's `graph_weight`, an input of the graph like the weight, and the graph calls
 oneDNN through the opaque op `bebop::packed_linear` (inductor's own lowering wants a frozen constant);
-in a graph the rows are not known, so there a float32 weight is packed by its size alone. The copy is remade whenever the
-weight changes: the key is the weight tensor and its version counter, which every in-place write
-bumps (an optimizer step, `load_state_dict`, a weight sync), so an RL step's update reaches the
-next rollout. The copies are held apart from the module, by the weight's identity, so they are never
-saved or copied with the model, and leave with the weight. `PACKED = False` (or BEBOP_PACKED_LINEAR=0) turns the path off.
+in a graph the rows are not known, so there a float32 weight is packed by its size alone. The copy is
+remade whenever the weight changes: the key is the weight tensor and its version counter, which every
+in-place write bumps (an optimizer step, `load_state_dict`, a weight sync), so an RL step's update
+reaches the next rollout. The copies are held apart from the module, by the weight's identity, and
+leave with the weight; a layer's `graph_weight` reference is dropped from its copies and pickles, so
+no copy is ever saved or copied with the model. `PACKED = False` (or BEBOP_PACKED_LINEAR=0) turns the
+path off.
 """
 
 from __future__ import annotations
@@ -69,13 +71,21 @@ def _onednn(dtype: torch.dtype) -> bool:
     return dtype in _DTYPES and torch.backends.mkldnn.is_available() and supported
 
 
+def _can_pack(weight: torch.Tensor) -> bool:
+    """oneDNN can multiply by a packed copy of `weight` that stays current: on a CPU, in a dtype oneDNN runs here,
+    with a version counter (a weight made under inference_mode has none to notice a change)."""
+    return PACKED and weight.device.type == "cpu" and not weight.is_inference() and _onednn(weight.dtype)
+
+
+def _pays(weight: torch.Tensor, rows: int) -> bool:
+    """The packed call's fixed cost pays: bfloat16 always, float32 from MIN_WEIGHT elements or MIN_ROWS rows."""
+    return weight.dtype == torch.bfloat16 or weight.numel() >= MIN_WEIGHT or rows >= MIN_ROWS
+
+
 def _usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    if not (PACKED and getattr(_SCOPE, "on", False) and x.device.type == "cpu" and x.dtype == weight.dtype
-            and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-            and not weight.is_inference()  # made under inference_mode: no version counter to notice a change
-            and _onednn(x.dtype)):
-        return False
-    return x.dtype == torch.bfloat16 or weight.numel() >= MIN_WEIGHT or x.numel() >= MIN_ROWS * x.shape[-1]
+    """An eager product on the packed copy: inside decoding(), no autograd, a weight that can be packed and pays."""
+    return (getattr(_SCOPE, "on", False) and x.dtype == weight.dtype and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling() and _can_pack(weight) and _pays(weight, x.numel() // x.shape[-1]))
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -102,18 +112,13 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_feat
     return x.new_empty((*x.shape[:-1], out_features))
 
 
-def _graph_usable(weight: torch.Tensor) -> bool:
-    """A weight a compiled graph multiplies packed: the rules of _usable that do not depend on the rows."""
-    return (PACKED and weight.device.type == "cpu" and not weight.is_inference() and _onednn(weight.dtype)
-            and (weight.dtype == torch.bfloat16 or weight.numel() >= MIN_WEIGHT))
-
-
 def prepare_graphs(model: nn.Module) -> None:
     """Before compiled decoding: each PackedLinear's packed copy where a graph takes it (remade if its weight changed),
     an input of the graph like the weight itself."""
     for module in model.modules():
         if isinstance(module, PackedLinear):
-            module.graph_weight = packed_weight(module.weight) if _graph_usable(module.weight) else None
+            pays = _can_pack(module.weight) and _pays(module.weight, rows=0)  # a graph's rows are not known
+            module.graph_weight = packed_weight(module.weight) if pays else None
 
 
 class PackedLinear(nn.Linear):
