@@ -18,29 +18,13 @@ import pytest
 from bebop.errors import BebopError
 from bebop.vllm import client
 from bebop.vllm.client import VllmWorker
+from vllm_helpers import gone, wait_until
 
 FAKE = Path(__file__).with_name("fake_vllm_worker.py")
 
 
 def fake(**kwargs) -> VllmWorker:
     return VllmWorker("no-model", script=FAKE, **kwargs)
-
-
-def gone(pid: int) -> bool:
-    """No such process, or a zombie (this container's init may not reap one)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-def wait_until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def test_requests_carry_ids_and_the_first_answer_names_protocol_and_vllm():

@@ -5,7 +5,6 @@ one's worker and files go with it."""
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from bebop.rl.loop import ray_vllm
 from bebop.rl.sampler import RolloutSampler
 from bebop.tasks import get_task
 from bebop.vllm.serve import VllmServer
-from vllm_helpers import PYTHON, require_vllm
+from vllm_helpers import PYTHON, gone, require_vllm, wait_until
 
 from rl_helpers import SlowSampler, VariedReward, read_metrics, rl_cfg
 
@@ -87,10 +86,7 @@ def test_a_killed_actor_is_replaced_with_a_vllm_worker_serving_the_current_weigh
         os.kill(pid, signal.SIGKILL)  # mid-batch (it takes 1 s)
         second = source.next_batch(1)
         assert source.restarts == 1 and source.worker_pids() != [pid]
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{vllm_pid}").exists() and time.monotonic() < deadline:  # the orphan notices its parent
-            time.sleep(0.1)
-        assert not Path(f"/proc/{vllm_pid}").exists() or "Z" in Path(f"/proc/{vllm_pid}/stat").read_text().split()[2]
+        assert wait_until(lambda: gone(vllm_pid))  # the orphaned vLLM worker notices its parent is gone
     finally:
         source.close()
     assert (first.batch.index, second.batch.index, second.batch.policy_version) == (0, 1, 1)

@@ -20,6 +20,7 @@ else in the temporary folder (a mapped file there still spares the copies a safe
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -57,14 +58,7 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        return _numel(self.shape) * torch.empty((), dtype=self.dtype).element_size()
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def _signature(tensors: list[torch.Tensor]) -> tuple:
@@ -83,7 +77,7 @@ class SharedWeights:
     def __init__(self, model: CausalLM, *, dtype: torch.dtype | None = None, drafts: bool = False) -> None:
         """`dtype`: the serving dtype (None: each tensor's own); `drafts`: vLLM drafts with the model's head (its
         mtp.* tensors are served, and updates name the drafter's tensors)."""
-        self.drafts = drafts and any(name.startswith(MTP_PREFIX) for name, _ in model.state_dict().items())
+        self.drafts = drafts and model.mtp is not None
         tensors = file_tensors(model, with_head=self.drafts)
         self.slots: dict[str, Slot] = {}
         offset = 0

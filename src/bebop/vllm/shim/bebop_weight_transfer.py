@@ -13,6 +13,7 @@ packing) around the load, as vLLM's own IPC and NCCL engines do.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -68,10 +69,7 @@ class SharedMemoryEngine(WeightTransferEngine[SharedMemoryInitInfo, SharedMemory
         weights = []
         for name, dtype_name, shape, offset in update_info.tensors:
             dtype = getattr(torch, dtype_name)
-            count = 1
-            for size in shape:
-                count *= size
-            nbytes = count * torch.empty((), dtype=dtype).element_size()
+            nbytes = math.prod(shape) * dtype.itemsize
             weights.append((name, data[offset: offset + nbytes].view(dtype).view(shape)))
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
 
