@@ -18,6 +18,21 @@ from rl_helpers import DigitTask, make_headed
 CHAR_CODEC = codec_from_tokenizer(build_char_tokenizer())
 
 
+@pytest.fixture(autouse=True)
+def _own_compile_store(tmp_path_factory, monkeypatch):
+    """Compiled-step packages as a test run would otherwise compile them cold in every run (a package bundles
+    inductor's code, so inductor's own cache does not serve it): the graphs this process compiles are kept in
+    `bebop-tests/` beside the user's store (a folder per model kind and bebop source, so a changed tree never
+    loads a stale graph). What `--compile auto` finds, and every subprocess's store, is a store of each test's
+    own, empty: a short run's path never depends on which tests ran before it. Tests of the store itself take
+    `fresh_store` (tests/test_compiled.py), which undoes the first half."""
+    from bebop.engine import step_packages
+
+    monkeypatch.setenv(step_packages.STORE_ENV, str(tmp_path_factory.mktemp("compile_store")))
+    kept = Path(step_packages.default_store_root()).with_name("bebop-tests")
+    monkeypatch.setattr(step_packages.PackagedGraph, "folder", property(lambda graph: kept / graph.digest))
+
+
 def hf_tiny_config(**overrides):
     from transformers import Qwen3Config
 

@@ -3,13 +3,14 @@ decoding, reuses its graphs across batch sizes and weight updates, and falls bac
 when compiling fails. The lossless and T=0 tests run on it too (test_speculative's `dtype_model`)."""
 
 import copy
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from bebop.engine import compiled, generate
+from bebop.engine import compiled, generate, step_packages
 from bebop.engine.speculative import speculative_generate
 from bebop.engine.step_costs import step_costs
 from bebop.errors import BebopError
@@ -18,10 +19,20 @@ from bebop.sampling import SamplingParams
 from spec_helpers import EOS, PROMPTS, ids_of
 
 GREEDY = SamplingParams(0.0)
+REAL_FOLDER = step_packages.PackagedGraph.folder  # conftest keeps this process's graphs elsewhere
 
 
 def unique_graphs() -> int:
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    return step_packages.graph_count()
+
+
+@pytest.fixture
+def fresh_store(tmp_path, monkeypatch):
+    """An empty package store, and no graphs in memory: what a new process on a new machine starts with."""
+    monkeypatch.setenv(step_packages.STORE_ENV, str(tmp_path / "store"))
+    monkeypatch.setattr(step_packages, "_SHARED", {})
+    monkeypatch.setattr(step_packages.PackagedGraph, "folder", REAL_FOLDER)
+    return tmp_path / "store"
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +117,28 @@ def test_auto_compiles_only_runs_long_enough():
         compiled.wants_compile("fast", 1)
 
 
+def test_auto_runs_the_saved_graphs_of_a_short_run_and_compiles_none(spec_model, fresh_store):
+    """`auto` on a run too short to pay for compiling: eager with an empty store; with a store that holds graphs
+    for the model's kind, it runs those (loaded, none compiled) and every other step eagerly, decoding the same."""
+    prompts = ids_of(PROMPTS)
+    short = compiled.PAYS_AFTER_STEPS - 1
+    model = copy.deepcopy(spec_model)
+    assert not compiled.compile_steps(model, "auto", short)
+    want = generate(model, prompts, max_new_tokens=8, sampling=GREEDY, stop_ids=[EOS])
+    assert compiled.compile_steps(model, "on")
+    generate(model, prompts, max_new_tokens=8, sampling=GREEDY, stop_ids=[EOS])  # saves the plain step's graphs
+    step_packages._SHARED.clear()  # as a new process would find the store
+    again = copy.deepcopy(spec_model)
+    assert compiled.compile_steps(again, "auto", short)
+    got = generate(again, prompts, max_new_tokens=8, sampling=GREEDY, stop_ids=[EOS])
+    spec, _ = speculative_generate(again, prompts, k=2, mode="rs", max_new_tokens=8, sampling=GREEDY, stop_ids=[EOS])
+    steps = compiled.compiled_steps(again)
+    assert steps.calls["trunk"] > 0 and steps.calls["verify"] == 0  # saved graphs ran; the rest ran eagerly
+    made = sum(g.made for g in steps.graphs.values())
+    assert made == 0 and steps.graphs["trunk"].loaded > 0
+    assert [g.token_ids for g in got] == [g.token_ids for g in want] == [g.token_ids for g in spec]
+
+
 def test_bad_compile_flag_exits_2(tiny_model_dir):
     proc = subprocess.run([sys.executable, "-m", "bebop", "generate", "--model", str(tiny_model_dir), "--prompt", "a",
                            "--max-new-tokens", "2", "--compile", "fast"], capture_output=True, text=True)
@@ -133,19 +166,68 @@ def test_rl_sampler_compiles_its_engine_and_a_resume_may_change_compile(spec_mod
         from_flat(RLConfig, {"model": "m", "compile": "fast"})
 
 
-def test_compile_warmup_is_counted_apart_from_decoding(spec_model):
-    """The seconds of the calls that compiled a graph are the warm-up (`compile_warmup_s` in generate's metrics);
-    a later run that compiles nothing adds none."""
+def test_compile_warmup_is_counted_apart_from_decoding(spec_model, fresh_store):
+    """The seconds of the calls that compiled or loaded a graph are the warm-up (`compile_warmup_s` in generate's
+    metrics); a later run that compiles nothing adds none."""
     model = copy.deepcopy(spec_model)
-    torch._dynamo.reset()  # graphs compiled earlier in this process would serve this model: compile anew
     assert compiled.compile_steps(model, "on")
     prompts = ids_of(PROMPTS[:2])
     generate(model, prompts, max_new_tokens=4, sampling=GREEDY)
-    first = compiled.compile_seconds(model)  # dynamo's compile callbacks time it, from inductor's cache or not
-    assert first > 0
+    first = compiled.compile_seconds(model)
+    assert first > 0 and unique_graphs() == 1
     generate(model, prompts, max_new_tokens=4, sampling=GREEDY)
     assert compiled.compile_seconds(model) == first
     assert compiled.compile_seconds(spec_model) == 0.0  # an eager model spends none
+
+
+def test_a_new_process_loads_the_saved_graphs_and_decodes_the_same(tiny_model_dir, tmp_path):
+    """The graphs a run compiles are saved; a second process loads them (no new file) and decodes what eager
+    decoding does. In processes of their own: a saved graph must not lean on state its first process made."""
+    env = {**os.environ, step_packages.STORE_ENV: str(tmp_path / "store")}
+
+    def run(compile_choice: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "bebop", "generate", "--model", str(tiny_model_dir), "--prompt",
+                               "abc", "--prompt", "hello there", "--max-new-tokens", "8", "--temperature", "0",
+                               "--compile", compile_choice], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0 and "--compile" not in proc.stderr, proc.stderr[-2000:]
+        return proc.stdout
+
+    eager = run("off")
+    assert run("on") == eager
+    saved = sorted(p.name for p in (tmp_path / "store").rglob("*") if p.is_file())
+    assert any(name.endswith(step_packages.SUFFIX) for name in saved) and "about.json" in saved
+    assert run("on") == eager
+    assert sorted(p.name for p in (tmp_path / "store").rglob("*") if p.is_file()) == saved  # loaded, none compiled
+
+
+def test_an_unreadable_package_is_compiled_again(spec_model, fresh_store):
+    """A truncated or foreign file in the store is removed and its graph compiled anew; decoding is unchanged."""
+    model = copy.deepcopy(spec_model)
+    assert compiled.compile_steps(model, "on")
+    prompts = ids_of(PROMPTS[:2])
+    want = generate(model, prompts, max_new_tokens=6, sampling=GREEDY, stop_ids=[EOS])
+    [saved] = list(fresh_store.rglob(f"*{step_packages.SUFFIX}"))
+    saved.write_bytes(saved.read_bytes()[:100])
+    step_packages._SHARED.clear()  # as a new process would find the store
+    again = copy.deepcopy(spec_model)
+    assert compiled.compile_steps(again, "on")
+    got = generate(again, prompts, max_new_tokens=6, sampling=GREEDY, stop_ids=[EOS])
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    assert not saved.exists() and len(list(fresh_store.rglob(f"*{step_packages.SUFFIX}"))) == 1
+
+
+def test_a_store_that_cannot_be_written_says_so_once_and_decodes(spec_model, fresh_store, monkeypatch, capsys):
+    (fresh_store.parent / "file").write_text("not a folder")
+    monkeypatch.setenv(step_packages.STORE_ENV, str(fresh_store.parent / "file" / "store"))
+    model = copy.deepcopy(spec_model)
+    assert compiled.compile_steps(model, "on")
+    for prompts in (ids_of(PROMPTS[:1]), ids_of(PROMPTS[:2])):  # batch 1 and batch 2: two graphs
+        got = generate(model, prompts, max_new_tokens=6, sampling=GREEDY, stop_ids=[EOS])
+        want = generate(spec_model, prompts, max_new_tokens=6, sampling=GREEDY, stop_ids=[EOS])
+        assert [g.token_ids for g in got] == [g.token_ids for g in want] and compiled.is_compiled(model)
+    assert sum(g.made for g in compiled.compiled_steps(model).graphs.values()) > 1  # several graphs failed to save
+    lines = [line for line in capsys.readouterr().err.splitlines() if "cannot save compiled steps" in line]
+    assert len(lines) == 1  # once, not per graph
 
 
 def test_auto_profiles_through_the_compiled_steps_and_decodes_without_compiling(spec_model):

@@ -9,7 +9,7 @@
 A model's compiled steps are kept beside it in a weak map (a model freed frees its graphs; a copy of a model is
 not compiled until compile_steps says so), read once per engine call, not per forward.
 
-What compiles, each through `torch.compile(fullgraph=True)` over bebop.model.static_cache's view of the
+What compiles, each as one graph (torch.compile's fullgraph) over bebop.model.static_cache's view of the
 preallocated KV cache (views of its used span, written in place), so a graph depends on no host state:
 - plain decoding: the trunk forward over a chunk of at most MAX_COMPILED_CHUNK tokens;
 - a speculative step (engine/spec_step.py): the head's refresh over the positions pending for it (its
@@ -30,9 +30,10 @@ CPU it runs compiled only up to HYBRID_MAX_ROWS live rows. What stays eager (the
 prefill, a catch-up refresh wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid
 cache's rollback.
 
-Compiled code is cached on disk by inductor (TORCHINDUCTOR_CACHE_DIR, by default under /tmp):
-a graph's first compile costs tens of seconds on a small CPU, a later process's load a few
-(docs/benchmarks.md). `auto` compiles only a run of at least PAYS_AFTER_STEPS decode steps.
+Each graph is compiled ahead of time and saved (engine/step_packages.py: a store keyed by the model's kind,
+bebop's source and torch's version): its first compile costs tens of seconds on a small CPU, a later process
+loads it in a fraction of a second (docs/benchmarks.md). `auto` compiles new graphs only in a run of at least
+PAYS_AFTER_STEPS decode steps; a shorter run still runs the graphs the store holds, and the rest eagerly.
 
 A compile that fails (no C++ compiler, a graph break) prints one line and the run goes on eager.
 The math is the eager forward's (the same modules; attention over masked zeros past a row's length
@@ -42,7 +43,6 @@ adds exact zeros), so every lossless and T=0 guarantee holds on the compiled pat
 from __future__ import annotations
 
 import sys
-import time
 import weakref
 from collections import Counter
 from typing import Any
@@ -50,12 +50,13 @@ from typing import Any
 import torch
 
 from bebop.engine.spec_step import draft_chain, draft_next, draft_refresh, verify
+from bebop.engine.step_packages import CompileFailed, Dynamic, has_packages, packaged
 from bebop.errors import BebopError
 from bebop.model.hybrid_cache import HybridCache
 from bebop.model.kv_cache import KVCache
-from bebop.model.layers import rope_table
 from bebop.model.packed_linear import prepare_graphs
 from bebop.model.qwen3 import CausalLM
+from bebop.model.rope import rope_table
 from bebop.model.static_cache import HybridStaticView, StaticView
 from bebop.sampling import SamplingParams
 
@@ -66,7 +67,6 @@ PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (do
 # model/packed_linear.py): the compiled step is the faster one at 1 and 8 rows, the eager one at 64
 # (docs/benchmarks.md); on other devices a hybrid compiles at every batch size
 HYBRID_MAX_ROWS = 8
-RECOMPILE_LIMIT = 64  # graphs per compiled function: batch 1 or more x chunk lengths x depths x rope tables
 
 _STEPS: weakref.WeakKeyDictionary[CausalLM, CompiledSteps] = weakref.WeakKeyDictionary()
 
@@ -88,12 +88,16 @@ def expected_decode_steps(rows: int, batch_size: int, max_new_tokens: int) -> in
 
 
 def compile_steps(model: CausalLM, choice: str, decode_steps: int = 0) -> bool:
-    """Compile `model`'s decoding steps when `choice` says so (idempotent); False when it runs eager."""
-    if not wants_compile(choice, decode_steps):
+    """Compile `model`'s decoding steps when `choice` says so (idempotent); False when it runs eager. A run too short
+    to pay for compiling (`auto`) still runs the graphs a store holds for its model kind (step_packages.py), and
+    the rest of its steps eagerly."""
+    compile_new = wants_compile(choice, decode_steps)
+    if not compile_new and not (choice == "auto" and has_packages(model)):
         _STEPS.pop(model, None)
         return False
     if model not in _STEPS:
-        _STEPS[model] = CompiledSteps()
+        _STEPS[model] = CompiledSteps(model)
+    _STEPS[model].compile_new = compile_new
     return True
 
 
@@ -153,9 +157,9 @@ class EagerSteps:
 EAGER = EagerSteps()
 
 
-def _view(k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, linear) -> StaticView:
+def _view(k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor, rope, linear) -> StaticView:
     """The cache as the graph sees it: `linear` (conv, recurrent, base, taken) for a hybrid trunk, else None."""
-    return StaticView(k, v, lengths) if linear is None else HybridStaticView(k, v, lengths, *linear)
+    return StaticView(k, v, lengths, rope) if linear is None else HybridStaticView(k, v, lengths, rope, *linear)
 
 
 def _staged(view: StaticView):
@@ -163,38 +167,40 @@ def _staged(view: StaticView):
     return view.staged() if isinstance(view, HybridStaticView) else None
 
 
-def _trunk(model: CausalLM, k, v, lengths, linear, ids: torch.Tensor, counts: torch.Tensor):
-    view = _view(k, v, lengths, linear)
+def _trunk(model: CausalLM, k, v, lengths, rope, linear, ids: torch.Tensor, counts: torch.Tensor):
+    view = _view(k, v, lengths, rope, linear)
     return model(ids, view, counts), _staged(view)
 
 
-def _refresh(model: CausalLM, k, v, lengths, linear, *args):
+def _refresh(model: CausalLM, k, v, lengths, rope, linear, *args):
     *tensors, mode, sampling = args
-    return draft_refresh(model, _view(k, v, lengths, linear), *tensors, mode=mode, sampling=sampling), None
+    return draft_refresh(model, _view(k, v, lengths, rope, linear), *tensors, mode=mode, sampling=sampling), None
 
 
-def _draft(model: CausalLM, k, v, lengths, linear, *args):
+def _draft(model: CausalLM, k, v, lengths, rope, linear, *args):
     *tensors, depth, mode, sampling = args
-    return draft_next(model, _view(k, v, lengths, linear), *tensors, depth=depth, mode=mode, sampling=sampling), None
+    view = _view(k, v, lengths, rope, linear)
+    return draft_next(model, view, *tensors, depth=depth, mode=mode, sampling=sampling), None
 
 
-def _verify(model: CausalLM, k, v, lengths, linear, *args):
+def _verify(model: CausalLM, k, v, lengths, rope, linear, *args):
     *tensors, mode, sampling = args
     drafts = tensors[3]  # (R, k): k is its width, dynamic from 2 up
-    view = _view(k, v, lengths, linear)
+    view = _view(k, v, lengths, rope, linear)
     return verify(model, view, *tensors, k=drafts.shape[1], mode=mode, sampling=sampling), _staged(view)
 
 
 class CompiledSteps(EagerSteps):
     """One model's compiled step functions; `failed` holds why compiling failed (then all runs eager)."""
 
-    def __init__(self) -> None:
-        self.graphs = {"trunk": _compile(_trunk), "refresh": _compile(_refresh), "draft": _compile(_draft),
-                       "verify": _compile(_verify)}
+    def __init__(self, model: CausalLM) -> None:
+        self.graphs = {name: packaged(fn, model) for name, fn in
+                       (("trunk", _trunk), ("refresh", _refresh), ("draft", _draft), ("verify", _verify))}
         self.failed: str | None = None
         self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "refresh",
         # "draft" (one drafting forward), "verify"
-        self.compile_s = 0.0  # seconds these steps spent compiling (or loading from inductor's cache) a graph
+        self.compile_s = 0.0  # seconds these steps spent compiling a graph or loading one (the warm-up)
+        self.compile_new = True  # compile a graph no package holds (else that step runs eagerly)
 
     def forward(self, model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
         """Compiled for a chunk of at most MAX_COMPILED_CHUNK tokens (a longer one, a prefill, runs eager)."""
@@ -253,29 +259,22 @@ class CompiledSteps(EagerSteps):
         # a hybrid trunk's linear layers: their states (whole tensors, selected in place) and the chunk's bounds
         linear = ((cache.linear.conv, cache.linear.recurrent, cache.base, cache.taken)
                   if isinstance(cache, HybridCache) else None)
-        for t in k + v:
-            torch._dynamo.mark_dynamic(t, 2)  # one graph for every span
-        for t in rope:
-            torch._dynamo.mark_dynamic(t, 0)  # and every rope table (it grows with the caches' capacity)
-        if cache.batch_size > 1:  # batch 1 is its own graph (torch specialises size 1)
-            states = [*linear[0], *linear[1], *linear[2:]] if linear else []
-            for t in [*k, *v, cache.lengths, *states, *(a for a in args if isinstance(a, torch.Tensor))]:
-                torch._dynamo.mark_dynamic(t, 0)
-        if dynamic_chunk and chunk_len > 1:  # dimension 1 of a (B, T, ...) input: T, or k or k + 2 in a verify
-            for a in args:
-                if isinstance(a, torch.Tensor) and a.dim() >= 2:
-                    torch._dynamo.maybe_mark_dynamic(a, 1)
-        _CLOCK.install()
-        compiling = _CLOCK.seconds
+        batch1 = cache.batch_size == 1
+        key = (model.dtype, batch1, "dynamic" if dynamic_chunk and chunk_len > 1 else chunk_len,
+               *(a for a in args if not isinstance(a, torch.Tensor)))  # the graph's candidates; its guards decide
         try:
-            out, staged = self.graphs[name](model, k, v, cache.lengths, linear, *args)
+            ran = self.graphs[name](key, _dynamic_dims(k, v, rope, cache, linear, args, dynamic_chunk and chunk_len > 1),
+                                    self.compile_new, model, k, v, cache.lengths, rope, linear, *args)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
-            if not _is_compile_error(err):
+            if not isinstance(err, CompileFailed) and not _is_compile_error(err):
                 raise
-            self.failed = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+            self.failed = str(err) if isinstance(err, CompileFailed) else _one_line(err)
             _say(f"compiling the decoding step failed ({self.failed})")
             return eager()
-        self.compile_s += _CLOCK.seconds - compiling  # warm-up, not decoding
+        if ran is None:  # no saved graph, and this run compiles none
+            return eager()
+        (out, staged), warmup = ran
+        self.compile_s += warmup  # warm-up, not decoding
         if staged is not None:  # the hybrid chunk's per-position states, for a rollback inside it
             assert isinstance(cache, HybridCache)
             cache.linear.windows, cache.linear.states, cache.linear.initials = (list(x) for x in staged)
@@ -285,10 +284,17 @@ class CompiledSteps(EagerSteps):
         return out
 
 
-def _compile(fn):
-    """fn compiled as one graph; the recompile limit is its own (torch.compile's per-region limit), not the process's
-    (torch's type stubs do not list that argument yet)."""
-    return torch.compile(fn, fullgraph=True, dynamic=False, recompile_limit=RECOMPILE_LIMIT)  # type: ignore[call-overload]
+def _dynamic_dims(k, v, rope, cache: KVCache, linear, args: tuple, dynamic_chunk: bool) -> Dynamic:
+    """The inputs' dimensions a graph leaves dynamic: every span (k, v), rope table size (it grows with the caches'
+    capacity) and, above batch 1, the batch (torch specialises size 1, so batch 1 is its own graph); with
+    `dynamic_chunk`, dimension 1 of a (B, T, ...) input: T, or k or k + 2 in a verify."""
+    dims: Dynamic = [(t, 2, True) for t in k + v] + [(t, 0, True) for t in rope]
+    if cache.batch_size > 1:
+        states = [*linear[0], *linear[1], *linear[2:]] if linear else []
+        dims += [(t, 0, True) for t in [*k, *v, cache.lengths, *states, *(a for a in args if isinstance(a, torch.Tensor))]]
+    if dynamic_chunk:
+        dims += [(a, 1, False) for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
+    return dims
 
 
 def _row_major(t: torch.Tensor) -> torch.Tensor:
@@ -303,33 +309,6 @@ def _row_major(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-class _CompileClock:
-    """Seconds torch has spent compiling in this process: dynamo's start and end callbacks, which bracket
-    every compile (tracing, inductor's code generation or its cache load)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._start: float | None = None
-
-    def install(self) -> None:
-        """Register the callbacks (again after torch._dynamo.reset(), which drops them)."""
-        handler = torch._dynamo.callback_handler
-        if self._begin not in handler.start_callbacks:
-            handler.register_start_callback(self._begin)
-            handler.register_end_callback(self._end)
-
-    def _begin(self, _args) -> None:
-        self._start = time.perf_counter()
-
-    def _end(self, _args) -> None:
-        if self._start is not None:
-            self.seconds += time.perf_counter() - self._start
-            self._start = None
-
-
-_CLOCK = _CompileClock()
-
-
 def compile_seconds(model: CausalLM) -> float:
     """Seconds `model`'s compiled steps spent compiling so far (0 when it decodes eagerly)."""
     steps = _STEPS.get(model)
@@ -340,6 +319,10 @@ def _is_compile_error(err: Exception) -> bool:
     """A failure to compile (dynamo, inductor, the C++ toolchain; torch.fx: a dimension marked dynamic that the
     graph specialised), not an error of the step itself."""
     return type(err).__module__.startswith(("torch._dynamo", "torch._inductor", "torch.fx", "subprocess"))
+
+
+def _one_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
 
 
 def _say(reason: str) -> None:

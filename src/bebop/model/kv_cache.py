@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from bebop.errors import BebopError
+from bebop.model.rope import rope_table
 
 
 class KVCache:
@@ -55,6 +56,10 @@ class KVCache:
         self.v[layer][rows, :, positions] = v.transpose(1, 2)
         s = self.key_span(k.shape[2])
         return self.k[layer][:, :, :s], self.v[layer][:, :, :s]
+
+    def rope_table(self, rotary_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (N, Dr), N >= capacity: the rotary table this cache's positions index (layers.rope_table)."""
+        return rope_table(rotary_dim, theta, dtype, self.lengths.device, self.capacity)
 
     def key_span(self, chunk_len: int) -> int:
         """How many key positions a chunk of `chunk_len` new tokens attends over (a host-known int)."""

@@ -1,15 +1,17 @@
 """The KV cache as a compiled step sees it: per-layer tensors, attention over all of them by length.
 
-    view = StaticView(k, v, cache.lengths)   # inside the compiled function; k, v: views of the used span
-    hidden = model(ids, view, num_new)       # writes in place, lengths += num_new
-    view = HybridStaticView(k, v, cache.lengths, conv, recurrent, base, taken)   # a hybrid trunk's
+    view = StaticView(k, v, cache.lengths, rope)   # inside the compiled function; k, v: views of the used span
+    hidden = model(ids, view, num_new)             # writes in place, lengths += num_new
+    view = HybridStaticView(k, v, cache.lengths, rope, conv, recurrent, base, taken)   # a hybrid trunk's
 
 A KVCache attends over its used span, a host-side int that grows every step: a graph that read it
 would specialise on it and recompile every step. The view reads no host state: the chunk attends
 over its tensors' whole length (the engine passes views of the used span, a dynamic dimension),
 keys past a row's length masked as in the eager cache, so one graph serves every step. Its tensors
 ARE the cache's: writes and the length update land in the KVCache the engine holds, which keeps
-its own host span for the eager forwards in between. The engine checks capacity on the host
+its own host span for the eager forwards in between. The rotary table (`rope`, cos and sin) comes in too: a
+graph that looked it up in the module's table would hold a guard on module state, which a graph saved for
+another process cannot (engine/step_packages.py). The engine checks capacity on the host
 before each compiled call (`KVCache.check_room`, as an eager forward does); the view cannot raise
 from inside a graph.
 """
@@ -23,11 +25,16 @@ from bebop.model.kv_cache import KVCache
 
 
 class StaticView(KVCache):
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor) -> None:
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
+                 rope: tuple[torch.Tensor, torch.Tensor]) -> None:
         self.k = k  # (B, Hkv, S, Dh) per layer: the KVCache's own tensors, written in place
         self.v = v  # (B, Hkv, S, Dh) per layer
         self.lengths = lengths  # (B,), updated in place
         self.capacity = k[0].shape[2]
+        self.rope = rope  # cos, sin (N, Dr), N >= the cache's capacity
+
+    def rope_table(self, rotary_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rope
 
     def check_room(self, chunk_len: int) -> None:
         """Checked by the engine on the host before the call (`KVCache.check_room`)."""
@@ -47,9 +54,9 @@ class HybridStaticView(StaticView):
     to the HybridCache so that a rollback after the verify selects from it."""
 
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
-                 conv: list[torch.Tensor], recurrent: list[torch.Tensor], base: torch.Tensor,
-                 taken: torch.Tensor) -> None:
-        super().__init__(k, v, lengths)
+                 rope: tuple[torch.Tensor, torch.Tensor], conv: list[torch.Tensor], recurrent: list[torch.Tensor],
+                 base: torch.Tensor, taken: torch.Tensor) -> None:
+        super().__init__(k, v, lengths, rope)
         self.linear = LinearStates(conv, recurrent)
         self.base, self.taken = base, taken  # (B,) each, updated in place
 

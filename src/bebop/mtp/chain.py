@@ -22,8 +22,9 @@ from typing import cast
 import torch
 
 from bebop.model.config import ModelConfig
-from bebop.model.layers import DecoderLayer, rope_cos_sin
+from bebop.model.layers import DecoderLayer
 from bebop.model.mtp import MTPHead
+from bebop.model.rope import rope_cos_sin
 
 
 def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:

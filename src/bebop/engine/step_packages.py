@@ -1,0 +1,211 @@
+"""Compiled step functions kept on disk, so that a new process loads its graphs instead of compiling them.
+
+    graph = packaged(_verify, model)              # one per step function and model kind, shared in a process
+    out, warmup_s = graph(key, dynamic, True, *args)   # a graph whose guards pass, else one compiled and saved
+    has_packages(model)                           # `--compile auto` runs the saved graphs of a short run
+
+torch.compile traces every graph again in each new process (dynamo's tracing is most of a warm start: inductor's
+cache keeps only generated code). Here each graph is compiled ahead of time with dynamo's `aot_compile` (the
+traced bytecode, its guards and inductor's code in one file) and saved; a later process deserialises the files
+for the calls it meets and checks their guards itself, so tracing happens once per model kind, not per process.
+
+The store: `$BEBOP_COMPILE_CACHE`, else `bebop/` in inductor's cache folder (TORCHINDUCTOR_CACHE_DIR, by default
+under /tmp), one folder per model kind: a digest of the model's config, bebop's own source, torch's and
+Python's versions and the CPU's instruction set (what a graph bakes in without a guard on it; a changed bebop
+or torch compiles anew). In it, one file per graph, named by the call's key (the step's name, its batch and
+chunk class, dtype, and its non-tensor arguments: sampling, mode, depth), written atomically; `about.json`
+says what the folder is for. Files that cannot be read (another torch, a truncated write) are removed and
+compiled again. A store that cannot be written leaves the graphs in memory for this process only.
+
+Dynamic dimensions (the batch, the span, k) are marked on the inputs only while a graph compiles: a saved
+guard checks a tensor's markings against none, so a call's inputs go in unmarked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import bebop
+
+STORE_ENV = "BEBOP_COMPILE_CACHE"
+SUFFIX = ".pt2"
+_MARKS = ("_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices", "_has_dynamo_dim_marking")
+
+Dynamic = list[tuple[torch.Tensor, int, bool]]  # (tensor, dimension, strong): mark_dynamic, else maybe_mark_dynamic
+
+
+def store_root() -> Path:
+    """Where packages are kept: $BEBOP_COMPILE_CACHE, else bebop/ in inductor's cache folder."""
+    env = os.environ.get(STORE_ENV)
+    return Path(env) if env else default_store_root()
+
+
+def default_store_root() -> Path:
+    """bebop/ in inductor's cache folder (TORCHINDUCTOR_CACHE_DIR, by default under /tmp)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "bebop"
+
+
+@functools.cache
+def source_digest() -> str:
+    """A digest of bebop's Python source: a graph traced from other code is another graph."""
+    h = hashlib.sha256()
+    root = Path(bebop.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def model_kind(model: torch.nn.Module) -> dict[str, Any]:
+    """What a model's graphs depend on beyond their guards (readable; its digest names the store's folder)."""
+    config = getattr(model, "config", None)
+    return {
+        "config": config.to_dict() if config is not None else type(model).__name__,
+        "head": getattr(model, "mtp", None) is not None,
+        "device": str(next(model.parameters()).device.type),
+        "bebop": bebop.__version__, "source": source_digest(), "torch": torch.__version__,
+        "python": "%d.%d" % sys.version_info[:2], "cpu": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class CompileFailed(Exception):
+    """A graph could not be compiled (the reason in one line): the step runs eagerly."""
+
+
+_SHARED: dict[tuple[str, str], PackagedGraph] = {}
+_UNSAVED: set[Path] = set()  # folders that could not be written
+
+
+def packaged(fn: Callable, model: torch.nn.Module) -> PackagedGraph:
+    """The packaged graphs of `fn` for models of `model`'s kind (shared by every such model in this process)."""
+    kind = model_kind(model)
+    key = (fn.__qualname__, _digest(kind))
+    if key not in _SHARED:
+        _SHARED[key] = PackagedGraph(fn, key[1], kind)
+    return _SHARED[key]
+
+
+def has_packages(model: torch.nn.Module) -> bool:
+    """Whether the store holds graphs for models of `model`'s kind (what `--compile auto` loads)."""
+    folder = store_root() / _digest(model_kind(model))
+    return folder.is_dir() and any(folder.glob(f"*{SUFFIX}"))
+
+
+class PackagedGraph:
+    """One step function's graphs: loaded from its folder when a key is first met, compiled and saved when none
+    fits. `made` / `loaded`: graphs compiled / read from disk in this process."""
+
+    def __init__(self, fn: Callable, digest: str, kind: dict[str, Any]) -> None:
+        self.fn = fn
+        self.digest = digest  # of `kind`: the store's folder for it
+        self.kind = kind
+        self.compiler = torch.compile(fn, fullgraph=True, dynamic=False)
+        self.entries: dict[str, list[Any]] = {}  # key digest -> AOTCompiledFunction, most recently used first
+        self.made = 0
+        self.loaded = 0
+
+    def __call__(self, key: tuple, dynamic: Dynamic, compile_new: bool, *args: Any) -> tuple[Any, float] | None:
+        """fn(*args) through a graph whose guards pass, compiled and saved if none does and `compile_new`: (its
+        output, seconds spent loading or compiling); None when no graph fits and none is to be compiled."""
+        name = f"{self.fn.__name__.strip('_')}-{_digest(repr(key))}"
+        entries, warmup = self.entries.get(name), 0.0
+        if entries is None:  # the first call with this key: its graphs on disk
+            start = time.perf_counter()
+            entries = self.entries[name] = self._load(name)
+            warmup = time.perf_counter() - start
+        for i, entry in enumerate(entries):
+            if entry.guard_check(*args):
+                if i:
+                    entries.insert(0, entries.pop(i))
+                return entry.fn(*args), warmup
+        if not compile_new:
+            return None
+        start = time.perf_counter()
+        try:
+            with _marked(dynamic):
+                entry = self.compiler.aot_compile((args, {}))  # type: ignore[attr-defined]
+        except Exception as err:  # dynamo, inductor, the C++ toolchain, or aot_compile's own refusals
+            raise CompileFailed(f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}") from err
+        entry.disable_guard_check()  # checked above, once a call
+        self.made += 1
+        self._save(name, entry)
+        entries.insert(0, entry)
+        out = entry.fn(*args)
+        return out, warmup + time.perf_counter() - start
+
+    @property
+    def folder(self) -> Path:
+        return store_root() / self.digest
+
+    def _load(self, name: str) -> list[Any]:
+        from torch._dynamo.aot_compile import AOTCompiledFunction
+
+        out = []
+        for path in sorted(self.folder.glob(f"{name}-*{SUFFIX}")):
+            try:
+                entry = AOTCompiledFunction.deserialize(path.read_bytes())
+            except Exception:  # another torch's or a truncated file: compiled again when needed
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            entry.disable_guard_check()
+            out.append(entry)
+            self.loaded += 1
+        return out
+
+    def _save(self, name: str, entry: Any) -> None:
+        folder = self.folder
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            about = folder / "about.json"
+            if not about.exists():
+                _write_atomic(about, json.dumps(self.kind, indent=1, default=str).encode())
+            entry.save_compiled_function(str(folder / f"{name}-{uuid.uuid4().hex[:8]}{SUFFIX}"))
+        except (OSError, RuntimeError) as err:
+            if folder not in _UNSAVED:  # said once a folder
+                _UNSAVED.add(folder)
+                print(f"bebop: --compile: cannot save compiled steps in {folder} ({type(err).__name__}: {err}); "
+                      f"a later process compiles them again", file=sys.stderr)
+
+
+def graph_count() -> int:
+    """Graphs compiled or loaded in this process, every step function and model kind."""
+    return sum(g.made + g.loaded for g in _SHARED.values())
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _marked(dynamic: Dynamic) -> Iterator[None]:
+    """The dimensions in `dynamic` marked dynamic for a compile, unmarked after it."""
+    try:
+        for t, dim, strong in dynamic:
+            (torch._dynamo.mark_dynamic if strong else torch._dynamo.maybe_mark_dynamic)(t, dim)
+        yield
+    finally:
+        for t, _, _ in dynamic:
+            for attr in _MARKS:
+                if hasattr(t, attr):
+                    delattr(t, attr)
