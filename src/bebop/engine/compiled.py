@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from bebop.engine.spec_step import draft_chain, draft_next, draft_refresh, verify
-from bebop.engine.step_packages import CompileFailed, Dynamic, has_packages, packaged
+from bebop.engine.step_packages import CompileFailed, Dynamic, has_packages, one_line, packaged
 from bebop.errors import BebopError
 from bebop.model.hybrid_cache import HybridCache
 from bebop.model.kv_cache import KVCache
@@ -268,7 +268,7 @@ class CompiledSteps(EagerSteps):
         except Exception as err:  # a compile failure: say it once, decode on eagerly
             if not isinstance(err, CompileFailed) and not _is_compile_error(err):
                 raise
-            self.failed = str(err) if isinstance(err, CompileFailed) else _one_line(err)
+            self.failed = str(err) if isinstance(err, CompileFailed) else one_line(err)
             _say(f"compiling the decoding step failed ({self.failed})")
             return eager()
         if ran is None:  # no saved graph, and this run compiles none
@@ -319,10 +319,6 @@ def _is_compile_error(err: Exception) -> bool:
     """A failure to compile (dynamo, inductor, the C++ toolchain; torch.fx: a dimension marked dynamic that the
     graph specialised), not an error of the step itself."""
     return type(err).__module__.startswith(("torch._dynamo", "torch._inductor", "torch.fx", "subprocess"))
-
-
-def _one_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
 
 
 def _say(reason: str) -> None:

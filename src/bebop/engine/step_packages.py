@@ -143,7 +143,7 @@ class PackagedGraph:
             with _marked(dynamic):
                 entry = self.compiler.aot_compile((args, {}))  # type: ignore[attr-defined]
         except Exception as err:  # dynamo, inductor, the C++ toolchain, or aot_compile's own refusals
-            raise CompileFailed(f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}") from err
+            raise CompileFailed(one_line(err)) from err
         entry.disable_guard_check()  # checked above, once a call
         self.made += 1
         self._save(name, entry)
@@ -184,6 +184,11 @@ class PackagedGraph:
                 _UNSAVED.add(folder)
                 print(f"bebop: --compile: cannot save compiled steps in {folder} ({type(err).__name__}: {err}); "
                       f"a later process compiles them again", file=sys.stderr)
+
+
+def one_line(err: BaseException) -> str:
+    """An error as one short line: its type and the first line of its message."""
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
 
 
 def graph_count() -> int:

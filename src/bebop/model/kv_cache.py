@@ -58,7 +58,7 @@ class KVCache:
         return self.k[layer][:, :, :s], self.v[layer][:, :, :s]
 
     def rope_table(self, rotary_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (N, Dr), N >= capacity: the rotary table this cache's positions index (layers.rope_table)."""
+        """cos, sin (N, Dr), N >= capacity: the rotary table this cache's positions index (rope.rope_table)."""
         return rope_table(rotary_dim, theta, dtype, self.lengths.device, self.capacity)
 
     def key_span(self, chunk_len: int) -> int:
