@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (bfloat16 weights off the CPU)")
     parser.add_argument("--compile", default="off", help="on: compiled decoding steps (the warm-up compiles)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs (seeds seed..seed+repeats-1); medians")
     args = parser.parse_args()
@@ -44,7 +45,7 @@ def main() -> None:
     from bebop.sampling import SamplingParams
 
     torch.set_num_threads(torch.get_num_threads())
-    policy = load_policy(args.model, device="cpu")
+    policy = load_policy(args.model, device=args.device, dtype="float32" if args.device == "cpu" else "bfloat16")
     if args.compile != "off":
         from bebop.engine.compiled import compile_steps
 
@@ -56,7 +57,7 @@ def main() -> None:
                   pad_id=policy.pad_id)
 
     def run(seed: int):
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(args.device).manual_seed(seed)
         if args.spec == "off":
             return generate(policy.model, prompts, generator=generator, **common), None
         from bebop.engine.speculative import speculative_generate

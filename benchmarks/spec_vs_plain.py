@@ -50,7 +50,7 @@ def write_prompts(model: str, task: str, batch: int, path: Path) -> Path:
 def run_arm(src: Path, model: str, prompts: Path, lengths: str, arm: str, args) -> dict:
     cmd = [sys.executable, str(HERE / "decode_worker.py"), "--src", str(src), "--model", model,
            "--prompts", str(prompts), "--lengths", lengths, "--temperature", str(args.temperature),
-           "--uniform-tokens", str(args.uniform_tokens), "--max-k", str(args.max_k)]
+           "--uniform-tokens", str(args.uniform_tokens), "--max-k", str(args.max_k), "--device", args.device]
     arm, compiled = arm.removesuffix("+compile"), arm.endswith("+compile")
     if arm != "plain":
         mode, k = arm.split(":")
@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--uniform-tokens", type=int, default=48)
     parser.add_argument("--max-k", type=int, default=6)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (bfloat16 weights off the CPU)")
     args = parser.parse_args()
     engines = {"after": SRC}
     if args.before:
