@@ -3,6 +3,7 @@ decoding, reuses its graphs across batch sizes and weight updates, and falls bac
 when compiling fails. The lossless and T=0 tests run on it too (test_speculative's `dtype_model`)."""
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -239,6 +240,7 @@ def test_auto_profiles_through_the_compiled_steps_and_decodes_without_compiling(
     prompts = ids_of(PROMPTS)
     costs = step_costs(model, max_rows=len(prompts), max_k=4)
     assert costs.compiled and compiled.compile_seconds(model) > 0
+    assert costs.table is not None and costs.table.parent.parent == step_packages.store_root()  # kept for later
     before = unique_graphs(), compiled.compile_seconds(model)
     steps = compiled.compiled_steps(model)
     profiled = steps.calls["verify"]
@@ -249,6 +251,7 @@ def test_auto_profiles_through_the_compiled_steps_and_decodes_without_compiling(
     ks = {k for by_k in metrics.k_histogram.values() for k in by_k}
     assert 0 in ks and len(ks) > 1, metrics.k_histogram  # plain and drafting steps both ran, compiled
     assert steps.calls["verify"] - profiled == sum(sum(c.values()) for c in metrics.k_histogram.values())
+    assert costs.to_dict()["log_ratio"] == json.loads(costs.table.read_text())["log_ratio"]
 
 
 def test_an_engine_call_takes_its_step_functions_once(spec_model, monkeypatch):

@@ -45,6 +45,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import Counter
+from functools import partial
 from typing import Any
 
 import torch
@@ -263,8 +264,8 @@ class CompiledSteps(EagerSteps):
         key = (model.dtype, batch1, "dynamic" if dynamic_chunk and chunk_len > 1 else chunk_len,
                *(a for a in args if not isinstance(a, torch.Tensor)))  # the graph's candidates; its guards decide
         try:
-            ran = self.graphs[name](key, _dynamic_dims(k, v, rope, cache, linear, args, dynamic_chunk and chunk_len > 1),
-                                    self.compile_new, model, k, v, cache.lengths, rope, linear, *args)
+            dims = partial(_dynamic_dims, k, v, rope, cache, linear, args, dynamic_chunk and chunk_len > 1)
+            ran = self.graphs[name](key, dims, self.compile_new, model, k, v, cache.lengths, rope, linear, *args)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
             if not isinstance(err, CompileFailed) and not _is_compile_error(err):
                 raise

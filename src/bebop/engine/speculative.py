@@ -131,6 +131,8 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     try:
         while run.live:
             run.step()
+        if run.controller is not None:
+            run.controller.costs.save()  # the ratios measured here, for the next process (compiled steps' table)
     finally:
         if run.suffix is not None:
             run.suffix.close()  # the call's rows become the index's history

@@ -21,18 +21,27 @@ the level; a bucket not measured yet starts from the nearest measured one). A ra
 mean of log ratios in which one step moves the estimate by at most a factor
 exp(MAX_JUMP) / (1 - RATIO_DECAY), so one step that the machine slowed down (these are shared
 machines) cannot lock a bucket out of drafting. Nothing is hard-coded per machine.
+
+Compiled steps keep their table (the profile and the learned ratios, per run mode and sampling) in the store
+beside the model kind's graphs (engine/step_packages.py): a later process starts from it instead of profiling
+again, with the ratios the runs before it measured; each `--k auto` call writes it back, atomically.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import weakref
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from bebop.engine.compiled import is_compiled, prepared_steps, steps_of
 from bebop.engine.metrics import rows_bucket
+from bebop.engine.step_packages import kind_file
+from bebop.fileio import atomic_write_text
 from bebop.model.kv_cache import KVCache
 from bebop.model.packed_linear import decoding
 from bebop.model.qwen3 import CausalLM
@@ -61,6 +70,39 @@ class StepCosts:
         self.log_ratio: dict[tuple[int, bool], float] = {}  # (rows bucket, drafting) -> log(measured / profiled)
         self._profiled: dict[tuple[int, int], float] = {}
         self.compiled = False  # profiled through compiled steps
+        self.table: Path | None = None  # where `save` keeps it (compiled steps' store), else not kept
+
+    def covers(self, max_rows: int, max_k: int, compiled: bool) -> bool:
+        """Whether this profile serves a run of up to `max_rows` rows and `max_k` drafts on these steps."""
+        return self.max_k >= max_k and max(r for r, _ in self.trunk) >= max_rows and self.compiled == compiled
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_k": self.max_k, "compiled": self.compiled,
+                "trunk": [[r, t, s] for (r, t), s in sorted(self.trunk.items())],
+                "mtp": [[r, s] for r, s in sorted(self.mtp.items())],
+                "log_ratio": [[b, d, v] for (b, d), v in sorted(self.log_ratio.items())]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepCosts:
+        costs = cls({(int(r), int(t)): float(s) for r, t, s in data["trunk"]},
+                    {int(r): float(s) for r, s in data["mtp"]}, int(data["max_k"]))
+        costs.compiled = bool(data["compiled"])
+        costs.log_ratio = {(int(b), bool(d)): float(v) for b, d, v in data["log_ratio"]}
+        seconds = [*costs.trunk.values(), *costs.mtp.values()]
+        rows = {r for r, _ in costs.trunk}
+        if (not all(math.isfinite(x) and x >= 0 for x in seconds) or not all(map(math.isfinite, costs.log_ratio.values()))
+                or {(r, t) for r in rows for t in range(1, costs.max_k + 2)} - set(costs.trunk)):
+            raise ValueError("a cost table with missing or negative timings")
+        return costs
+
+    def save(self) -> None:
+        """Write the table where it is kept (nothing when it is not); a store that cannot be written keeps it in
+        this process only (engine/step_packages.py says so once for the graphs)."""
+        if self.table is not None:
+            try:
+                atomic_write_text(self.table, json.dumps(self.to_dict()))
+            except OSError:
+                pass
 
     def trunk_s(self, rows: int, t: int) -> float:
         """Profiled seconds of a trunk forward (and LM head) over `t` tokens in each of `rows` rows."""
@@ -114,12 +156,27 @@ _CACHE: "weakref.WeakKeyDictionary[CausalLM, StepCosts]" = weakref.WeakKeyDictio
 def step_costs(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
                sampling: SamplingParams = SamplingParams(1.0)) -> StepCosts:
     """The model's profiled costs (cached per model object; re-profiled for a larger batch or K, or once its
-    steps are compiled). `mode`, `sampling`: the run's, so that a compiled profile warms the graphs it will use."""
-    costs = _CACHE.get(model)
-    if (costs is None or costs.max_k < max_k or max(r for r, _ in costs.trunk) < max_rows
-            or costs.compiled != is_compiled(model)):
-        costs = profile(model, max_rows=max_rows, max_k=max_k, mode=mode, sampling=sampling)
+    steps are compiled; compiled steps read and keep their table in the store). `mode`, `sampling`: the run's,
+    so that a compiled profile warms the graphs it will use."""
+    costs, compiled = _CACHE.get(model), is_compiled(model)
+    if costs is None or not costs.covers(max_rows, max_k, compiled):
+        table = kind_file(model, f"costs-{mode}", repr(sampling), ".json") if compiled else None
+        costs = load_costs(table) if table is not None else None
+        if costs is None or not costs.covers(max_rows, max_k, compiled):
+            costs = profile(model, max_rows=max_rows, max_k=max_k, mode=mode, sampling=sampling)
+            costs.table = table
+            costs.save()
         _CACHE[model] = costs
+    return costs
+
+
+def load_costs(table: Path) -> StepCosts | None:
+    """The cost table saved at `table`, or None where there is none or it cannot be read (it is profiled again)."""
+    try:
+        costs = StepCosts.from_dict(json.loads(table.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    costs.table = table
     return costs
 
 

@@ -14,8 +14,9 @@ under /tmp), one folder per model kind: a digest of the model's config, bebop's 
 Python's versions and the CPU's instruction set (what a graph bakes in without a guard on it; a changed bebop
 or torch compiles anew). In it, one file per graph, named by the call's key (the step's name, its batch and
 chunk class, dtype, and its non-tensor arguments: sampling, mode, depth), written atomically; `about.json`
-says what the folder is for. Files that cannot be read (another torch, a truncated write) are removed and
-compiled again. A store that cannot be written leaves the graphs in memory for this process only.
+says what the folder is for; `--k auto`'s cost tables are kept there too (engine/step_costs.py). Files that
+cannot be read (another torch, a truncated write) are removed and compiled again. A store that cannot be
+written leaves the graphs in memory for this process only.
 
 Dynamic dimensions (the batch, the span, k) are marked on the inputs only while a graph compiles: a saved
 guard checks a tensor's markings against none, so a call's inputs go in unmarked.
@@ -103,6 +104,12 @@ def packaged(fn: Callable, model: torch.nn.Module) -> PackagedGraph:
     return _SHARED[key]
 
 
+def kind_file(model: torch.nn.Module, stem: str, key: Any, suffix: str) -> Path:
+    """A file kept beside the graphs of `model`'s kind (so it is dropped with them when bebop or torch changes),
+    named by `stem` and a digest of `key`."""
+    return store_root() / _digest(model_kind(model)) / f"{stem}-{_digest(key)}{suffix}"
+
+
 def has_packages(model: torch.nn.Module) -> bool:
     """Whether the store holds graphs for models of `model`'s kind (what `--compile auto` loads)."""
     folder = store_root() / _digest(model_kind(model))
@@ -119,13 +126,18 @@ class PackagedGraph:
         self.kind = kind
         self.compiler = torch.compile(fn, fullgraph=True, dynamic=False)
         self.entries: dict[str, list[Any]] = {}  # key digest -> AOTCompiledFunction, most recently used first
+        self.names: dict[tuple, str] = {}  # key -> its file name stem (a digest of its repr, made once)
         self.made = 0
         self.loaded = 0
 
-    def __call__(self, key: tuple, dynamic: Dynamic, compile_new: bool, *args: Any) -> tuple[Any, float] | None:
+    def __call__(self, key: tuple, dynamic: Callable[[], Dynamic], compile_new: bool,
+                 *args: Any) -> tuple[Any, float] | None:
         """fn(*args) through a graph whose guards pass, compiled and saved if none does and `compile_new`: (its
-        output, seconds spent loading or compiling); None when no graph fits and none is to be compiled."""
-        name = f"{self.fn.__name__.strip('_')}-{_digest(repr(key))}"
+        output, seconds spent loading or compiling); None when no graph fits and none is to be compiled.
+        `dynamic()`: the dimensions a new graph leaves dynamic, asked only when one is compiled."""
+        name = self.names.get(key)
+        if name is None:
+            name = self.names[key] = f"{self.fn.__name__.strip('_')}-{_digest(repr(key))}"
         entries, warmup = self.entries.get(name), 0.0
         if entries is None:  # the first call with this key: its graphs on disk
             start = time.perf_counter()
@@ -140,7 +152,7 @@ class PackagedGraph:
             return None
         start = time.perf_counter()
         try:
-            with _marked(dynamic):
+            with _marked(dynamic()):
                 entry = self.compiler.aot_compile((args, {}))  # type: ignore[attr-defined]
         except Exception as err:  # dynamo, inductor, the C++ toolchain, or aot_compile's own refusals
             raise CompileFailed(one_line(err)) from err
