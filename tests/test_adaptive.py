@@ -15,6 +15,7 @@ from bebop.engine.adaptive import (
     AcceptanceEstimate,
     AdaptiveK,
 )
+from bebop.engine.metrics import rows_bucket
 from bebop.engine.step_costs import MAX_JUMP, StepCosts, profile, step_costs
 from bebop.errors import BebopError
 from bebop.sampling import SamplingParams
@@ -135,6 +136,19 @@ def test_drafting_that_cannot_win_is_probed_rarely():
     choices = _run_steps(policy, 64, FAR_PROBE_EVERY + 3)
     assert choices[:FAR_PROBE_EVERY] == [0] * FAR_PROBE_EVERY
     assert sum(k > 0 for k in choices[FAR_PROBE_EVERY:]) == 1
+
+
+def test_a_level_read_from_a_table_does_not_stop_a_new_process_probing():
+    """A table keeps the ratios an earlier process measured (one slow machine, a spike): a new process measures
+    drafting itself once before it trusts a level that puts drafting far below plain steps; one it measured does."""
+    costs = _costs(per_token=0.0, fixed=1.0, mtp=0.01, max_k=4)  # memory-bound: drafting is the better kind
+    costs.log_ratio[(rows_bucket(8), True)] = 3.0  # read from a table: drafting 20x its profile
+    policy = AdaptiveK(4, costs)
+    assert policy.drafting_edge(8, policy.best_draft(8)) < PROBE_BAND and policy.best(8) == 0
+    assert policy.choose(8) == PROBE_K  # probed, not far
+    policy.observe(8, PROBE_K, 20 * costs.profiled(8, PROBE_K), _at_prior(PROBE_K))  # measured as slow here
+    policy.observe(8, 0, costs.profiled(8, 0), [])
+    assert _run_steps(policy, 8, PROBE_EVERY + 2) == [0] * (PROBE_EVERY + 2)  # far now: probed rarely
 
 
 def test_a_level_borrowed_from_another_size_does_not_stop_probes():

@@ -231,6 +231,28 @@ def test_a_store_that_cannot_be_written_says_so_once_and_decodes(spec_model, fre
     assert len(lines) == 1  # once, not per graph
 
 
+def test_a_loaded_graphs_first_run_is_warm_up(monkeypatch):
+    """A graph read from the store loads its kernels when it first runs: that run is counted with the warm-up
+    (`--k auto` does not measure it as a step), later runs are not."""
+    import time
+
+    class Loaded:
+        runs = 0
+
+        def guard_check(self, *args):
+            return True
+
+        def fn(self, *args):
+            Loaded.runs += 1
+            time.sleep(0.05 if Loaded.runs == 1 else 0.0)
+            return "out"
+
+    graph = step_packages.PackagedGraph(lambda x: x, "digest", {})
+    monkeypatch.setattr(graph, "_load", lambda name: [Loaded()])
+    first, second = graph(("k",), list, False, 1), graph(("k",), list, False, 1)
+    assert first[0] == second[0] == "out" and first[1] >= 0.05 and second[1] == 0.0
+
+
 def test_auto_profiles_through_the_compiled_steps_and_decodes_without_compiling(spec_model):
     """`--k auto` on the compiled path: its cost profile runs the graphs the engine will run (k = 0, 1 and max-k,
     the refresh and the drafting forward, at batch 1 and above), so no decoding step compiles one and every

@@ -1,16 +1,21 @@
 """`--k auto`'s cost table on compiled steps: kept in the compile store beside the model kind's graphs, read by a
 later process instead of profiling again (with the ratios the runs before it measured), profiled again when it
-cannot serve the run or cannot be read, and never written for eager steps."""
+cannot serve the run or cannot be read; a controller that does not refine it makes the same choices in a rerun."""
 
 import copy
 import json
+import random
 
 import pytest
 import torch
 
+from bebop.decoding import DecodeSpec
+from bebop.engine import speculative
 from bebop.engine import step_costs as costs_module
+from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.speculative import speculative_generate
 from bebop.engine.step_costs import StepCosts, step_costs
+from bebop.errors import BebopError
 from bebop.sampling import SamplingParams
 
 from spec_helpers import EOS, PROMPTS, ids_of
@@ -56,11 +61,45 @@ def test_a_table_that_cannot_serve_the_run_or_be_read_is_profiled_again(spec_mod
     assert profiled == [2, len(PROMPTS)] + [len(PROMPTS)] * 3
 
 
-def test_other_sampling_keeps_its_own_table_and_eager_steps_keep_none(spec_model, as_compiled, monkeypatch):
+def test_other_sampling_and_eager_steps_keep_their_own_tables(spec_model, as_compiled, monkeypatch):
     t1 = step_costs(copy.deepcopy(spec_model), max_rows=2, max_k=2, sampling=SamplingParams(1.0)).table
     t2 = step_costs(copy.deepcopy(spec_model), max_rows=2, max_k=2, sampling=SamplingParams(1.0, top_k=5)).table
-    assert t1 != t2 and t1.exists() and t2.exists()
     monkeypatch.setattr(costs_module, "is_compiled", lambda model: False)
     eager = step_costs(copy.deepcopy(spec_model), max_rows=2, max_k=2)
-    eager.save()
-    assert eager.table is None and sorted(t1.parent.iterdir()) == sorted([t1, t2])
+    assert not eager.compiled and len({t1, t2, eager.table}) == 3 and all(t.exists() for t in (t1, t2, eager.table))
+
+
+class NoisyClock:
+    """perf_counter for the engine's step timings: every reading a random amount later (an unseeded RNG), as a
+    shared machine's steps are."""
+
+    def __init__(self) -> None:
+        self.now, self.rng = 0.0, random.Random()
+
+    def perf_counter(self) -> float:
+        self.now += self.rng.uniform(1e-4, 1e-1)
+        return self.now
+
+
+def test_a_fixed_table_makes_a_rerun_choose_and_sample_the_same(spec_model, monkeypatch):
+    """`--k-costs fixed`: the choices come from the table and the acceptance alone, so two processes with the same
+    table and seed draw the same tokens at T = 1, however their steps were timed (measured ratios would move them)."""
+    monkeypatch.setattr(speculative, "time", NoisyClock())
+    runs = []
+    for _ in range(2):
+        model = copy.deepcopy(spec_model)  # a new process's model: its costs read from the table
+        controller = AdaptiveK(4, step_costs(model, max_rows=len(PROMPTS), max_k=4), refine=False)
+        gens, metrics = speculative_generate(model, ids_of(PROMPTS), k="auto", max_k=4, mode="rs", max_new_tokens=40,
+                                             sampling=SamplingParams(1.0), stop_ids=[EOS], controller=controller,
+                                             generator=torch.Generator().manual_seed(3))
+        runs.append(([g.token_ids for g in gens], metrics.k_histogram))
+    assert len({k for by_k in runs[0][1].values() for k in by_k}) > 1  # plain and drafting steps both chosen
+    assert runs[0] == runs[1]
+
+
+def test_k_costs_flag():
+    assert DecodeSpec(spec="rs", k="auto", k_costs="fixed").k_costs == "fixed"
+    with pytest.raises(BebopError, match="--k-costs fixed needs --k auto"):
+        DecodeSpec(spec="rs", k=3, k_costs="fixed")
+    with pytest.raises(BebopError, match="unknown --k-costs"):
+        DecodeSpec(spec="rs", k="auto", k_costs="frozen")

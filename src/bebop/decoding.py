@@ -37,6 +37,7 @@ from bebop.policy import Policy
 from bebop.sampling import SamplingParams
 
 SPEC_CHOICES = ("off", "to", "rs")
+K_COSTS = ("measured", "fixed")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class DecodeSpec:
     k: int | str = opt(3, "drafts per step (1..8), or 'auto': each step verifies the number, 0 to --max-k, that "
                        "maximises expected tokens per second", parse=parse_k)
     max_k: int = opt(DEFAULT_MAX_K, "with --k auto: the most drafts a step may verify (1..8)")
+    k_costs: str = opt("measured", "with --k auto: what prices a step. measured: the cost table (profiled once, kept "
+                       "in the compile store) corrected by this run's own steps; fixed: the table alone, so a rerun "
+                       "with the same table and seed makes the same choices and samples the same tokens",
+                       choices=K_COSTS, identity=False)
     compile: str = opt("auto", "compile the decoding steps with torch.compile: on, off, or auto (only a run long "
                        "enough to pay for compiling; docs/benchmarks.md); it changes how fast decoding runs, not what "
                        "it samples", choices=COMPILE_CHOICES, identity=False)
@@ -81,6 +86,10 @@ class DecodeSpec:
         if self.spec not in SPEC_CHOICES:
             raise BebopError(f"unknown --spec {self.spec!r}; choose from {', '.join(SPEC_CHOICES)}")
         check_spec_flags(self.spec, self.k, self.max_k)
+        if self.k_costs not in K_COSTS:
+            raise BebopError(f"unknown --k-costs {self.k_costs!r}; choose from {', '.join(K_COSTS)}")
+        if self.k_costs != "measured" and self.k != AUTO:
+            raise BebopError(f"--k-costs {self.k_costs} needs --k auto")
         check_compile(self.compile)
         if self.engine == "bebop" and self.vllm_python:
             raise BebopError("--vllm-python needs --engine vllm")
@@ -134,7 +143,8 @@ def auto_controller(model: CausalLM, spec: DecodeSpec, rows: int, sampling: Samp
     if spec.k != AUTO or not spec.drafts:
         return None
     costs = step_costs(model, max_rows=rows, max_k=spec.max_k, mode=spec.spec, sampling=sampling)
-    return AdaptiveK(spec.max_k, without_head(costs) if spec.drafter == "suffix" else costs)
+    return AdaptiveK(spec.max_k, without_head(costs) if spec.drafter == "suffix" else costs,
+                     refine=spec.k_costs == "measured")
 
 
 @dataclass

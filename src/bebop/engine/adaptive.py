@@ -97,9 +97,10 @@ class AcceptanceEstimate:
 
 
 class AdaptiveK:
-    def __init__(self, max_k: int, costs: StepCosts) -> None:
+    def __init__(self, max_k: int, costs: StepCosts, refine: bool = True) -> None:
         self.max_k = max_k
         self.costs = costs
+        self.refine = refine  # measured steps correct the costs; else the table alone prices a step (reproducible)
         self.acceptance = AcceptanceEstimate(max_k)
         self.steps = 0  # measured steps
         self.last_measured: dict[tuple[int, bool], int] = {}  # (rows bucket, drafting) -> step index
@@ -136,10 +137,10 @@ class AdaptiveK:
             if drafting == (choice > 0):
                 continue  # the kind chosen is measured by its own steps
             # a probe would cost more than it can find: drafting predicted far below the margin, on a measurement
-            # of drafting in this very bucket (or, before any, on the profile alone), not on a level borrowed
-            # from another live-batch size
+            # of drafting in this very bucket (or, before any level is known, on the profile alone), not on a level
+            # borrowed from another live-batch size nor one read from a table (a new process measures it once)
             far = (drafting and self.drafting_edge(rows, best_draft) < PROBE_BAND
-                   and (self.costs.measured_here(bucket, True) or not self.costs.has_measured(True)))
+                   and (self.costs.measured_here(bucket, True) or not self.costs.has_level(True)))
             unknown = not self.costs.has_measured(drafting) or (drafting and not self.acceptance.seen())
             if not far and unknown:  # a new controller over cached costs has not verified a draft: measure it first
                 return k
@@ -151,7 +152,8 @@ class AdaptiveK:
     def observe(self, rows: int, k: int, seconds: float, accepted: list[int]) -> None:
         """After a decode step over `rows` live rows with k drafts: its wall time and each drafting
         row's accepted-draft count (empty when no row drafted)."""
-        self.costs.observe(rows, k, seconds)
+        if self.refine:
+            self.costs.observe(rows, k, seconds)
         self.last_measured[(rows_bucket(rows), k > 0)] = self.steps
         self.steps += 1
         if k and accepted:

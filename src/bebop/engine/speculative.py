@@ -131,7 +131,7 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     try:
         while run.live:
             run.step()
-        if run.controller is not None:
+        if run.controller is not None and run.controller.refine:
             run.controller.costs.save()  # the ratios measured here, for the next process (compiled steps' table)
     finally:
         if run.suffix is not None:

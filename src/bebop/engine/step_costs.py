@@ -22,9 +22,11 @@ mean of log ratios in which one step moves the estimate by at most a factor
 exp(MAX_JUMP) / (1 - RATIO_DECAY), so one step that the machine slowed down (these are shared
 machines) cannot lock a bucket out of drafting. Nothing is hard-coded per machine.
 
-Compiled steps keep their table (the profile and the learned ratios, per run mode and sampling) in the store
-beside the model kind's graphs (engine/step_packages.py): a later process starts from it instead of profiling
-again, with the ratios the runs before it measured; each `--k auto` call writes it back, atomically.
+The table (the profile and the learned ratios, per model kind, run mode, sampling, compiled or eager steps) is
+kept in the compile store beside the model kind's graphs (engine/step_packages.py): a later process starts from
+it instead of profiling again, with the ratios the runs before it measured; each refining `--k auto` call writes
+it back, atomically. A controller that does not refine (`--k-costs fixed`) chooses from the table alone, so a
+rerun with the same table and seed makes the same choices.
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ class StepCosts:
         self.mtp = mtp  # rows -> seconds of one MTP draft step
         self.max_k = max_k
         self.log_ratio: dict[tuple[int, bool], float] = {}  # (rows bucket, drafting) -> log(measured / profiled)
+        self.measured: set[tuple[int, bool]] = set()  # the log ratios this process's steps measured (not read)
         self._profiled: dict[tuple[int, int], float] = {}
         self.compiled = False  # profiled through compiled steps
-        self.table: Path | None = None  # where `save` keeps it (compiled steps' store), else not kept
+        self.table: Path | None = None  # where `save` keeps it (the compile store), else not kept
 
     def covers(self, max_rows: int, max_k: int, compiled: bool) -> bool:
         """Whether this profile serves a run of up to `max_rows` rows and `max_k` drafts on these steps."""
@@ -135,10 +138,16 @@ class StepCosts:
         return min(near)[1] if near else 0.0
 
     def measured_here(self, bucket: int, drafting: bool) -> bool:
-        """Whether this live-batch bucket has measured a step of this kind (its level is its own, not borrowed)."""
-        return (bucket, drafting) in self.log_ratio
+        """Whether this live-batch bucket has measured a step of this kind in this process (its level is its own,
+        not borrowed, nor read from a table another process measured)."""
+        return (bucket, drafting) in self.measured
 
     def has_measured(self, drafting: bool) -> bool:
+        """Whether a step of this kind was measured in this process."""
+        return any(d == drafting for _, d in self.measured)
+
+    def has_level(self, drafting: bool) -> bool:
+        """Whether any level of this kind is known: measured here or read from the table."""
         return any(d == drafting for _, d in self.log_ratio)
 
     def observe(self, rows: int, k: int, seconds: float) -> None:
@@ -148,6 +157,7 @@ class StepCosts:
         if old is not None:
             new = RATIO_DECAY * old + (1 - RATIO_DECAY) * min(max(new, old - MAX_JUMP), old + MAX_JUMP)
         self.log_ratio[key] = new
+        self.measured.add(key)
 
 
 _CACHE: "weakref.WeakKeyDictionary[CausalLM, StepCosts]" = weakref.WeakKeyDictionary()
@@ -156,12 +166,12 @@ _CACHE: "weakref.WeakKeyDictionary[CausalLM, StepCosts]" = weakref.WeakKeyDictio
 def step_costs(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
                sampling: SamplingParams = SamplingParams(1.0)) -> StepCosts:
     """The model's profiled costs (cached per model object; re-profiled for a larger batch or K, or once its
-    steps are compiled; compiled steps read and keep their table in the store). `mode`, `sampling`: the run's,
-    so that a compiled profile warms the graphs it will use."""
+    steps are compiled; read from and kept in the compile store). `mode`, `sampling`: the run's, so that a
+    compiled profile warms the graphs it will use."""
     costs, compiled = _CACHE.get(model), is_compiled(model)
     if costs is None or not costs.covers(max_rows, max_k, compiled):
-        table = kind_file(model, f"costs-{mode}", repr(sampling), ".json") if compiled else None
-        costs = load_costs(table) if table is not None else None
+        table = kind_file(model, f"costs-{mode}-{'compiled' if compiled else 'eager'}", repr(sampling), ".json")
+        costs = load_costs(table)
         if costs is None or not costs.covers(max_rows, max_k, compiled):
             costs = profile(model, max_rows=max_rows, max_k=max_k, mode=mode, sampling=sampling)
             costs.table = table
