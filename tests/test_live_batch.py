@@ -120,7 +120,14 @@ def test_refresh_log_concatenates_valid_prefixes_in_order():
     b = 100 + torch.arange(3 * 2 * 2, dtype=torch.float32).reshape(3, 2, 2)
     log.add(a, [2, 4, 1], [[1, 2], [3, 4, 5, 6], [7]])
     log.add(b, [1, 0, 2], [[8], [], [9, 10]])
+    assert log.positions == 4 + 2
+    log.keep([1])  # a view of the rows that keeps only row 1: chunk b has no position of it left
+    assert log.positions == 4
+    log = RefreshLog(3)
+    log.add(a, [2, 4, 1], [[1, 2], [3, 4, 5, 6], [7]])
+    log.add(b, [1, 0, 2], [[8], [], [9, 10]])
     log.keep([2, 0])  # row 1 finished; the rest reorder
+    assert log.positions == 4 + 2
     hidden, tokens, counts = log.take(pad_id=0)
     assert counts.tolist() == [3, 3]
     assert tokens.tolist() == [[7, 9, 10], [1, 2, 8]]

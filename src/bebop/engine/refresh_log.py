@@ -22,6 +22,7 @@ class RefreshLog:
     def __init__(self, batch: int) -> None:
         self.chunks: list[tuple[torch.Tensor, list[int]]] = []  # (hidden (R, T, H), counts per row)
         self.tokens: list[list[int]] = [[] for _ in range(batch)]  # next token of each pending position
+        self.width = 0  # sum of the chunks' widths (checked every plain step: kept, not summed)
 
     @property
     def counts(self) -> list[int]:
@@ -30,7 +31,7 @@ class RefreshLog:
     @property
     def positions(self) -> int:
         """Logged hidden positions, padding included (what the log holds in memory per row)."""
-        return sum(h.shape[1] for h, _ in self.chunks)
+        return self.width
 
     def add(self, hidden: torch.Tensor, counts: list[int], next_tokens: list[list[int]]) -> None:
         """hidden (R, T, H): a forward's output; row r's first counts[r] positions became valid,
@@ -39,6 +40,7 @@ class RefreshLog:
         if not any(counts):
             return
         self.chunks.append((hidden[:, : max(counts)], list(counts)))
+        self.width += self.chunks[-1][0].shape[1]
         for row, toks in zip(self.tokens, next_tokens):
             row.extend(toks)
 
@@ -52,7 +54,7 @@ class RefreshLog:
         if width > used:
             hidden = torch.nn.functional.pad(hidden, (0, 0, 0, width - used))  # (R, width, H)
             ids = torch.nn.functional.pad(ids, (0, width - used), value=pad_id)  # (R, width)
-        self.chunks, self.tokens = [], [[] for _ in self.tokens]
+        self.chunks, self.tokens, self.width = [], [[] for _ in self.tokens], 0
         return hidden, ids, counts
 
     def _gather(self, width: int) -> torch.Tensor:
@@ -74,4 +76,5 @@ class RefreshLog:
                 index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
             kept.append((hidden.index_select(0, index), [counts[r] for r in rows]))
         self.chunks = [(h, c) for h, c in kept if any(c)]
+        self.width = sum(h.shape[1] for h, _ in self.chunks)
         self.tokens = [self.tokens[r] for r in rows]
