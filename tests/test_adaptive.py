@@ -139,16 +139,43 @@ def test_drafting_that_cannot_win_is_probed_rarely():
 
 
 def test_a_level_read_from_a_table_does_not_stop_a_new_process_probing():
-    """A table keeps the ratios an earlier process measured (one slow machine, a spike): a new process measures
-    drafting itself once before it trusts a level that puts drafting far below plain steps; one it measured does."""
+    """A table keeps the ratios an earlier process measured (a slow moment of a shared machine): a new process
+    measures drafting itself before it trusts a level that puts drafting far below plain steps, and its own
+    measurement replaces the table's."""
     costs = _costs(per_token=0.0, fixed=1.0, mtp=0.01, max_k=4)  # memory-bound: drafting is the better kind
     costs.log_ratio[(rows_bucket(8), True)] = 3.0  # read from a table: drafting 20x its profile
     policy = AdaptiveK(4, costs)
     assert policy.drafting_edge(8, policy.best_draft(8)) < PROBE_BAND and policy.best(8) == 0
     assert policy.choose(8) == PROBE_K  # probed, not far
-    policy.observe(8, PROBE_K, 20 * costs.profiled(8, PROBE_K), _at_prior(PROBE_K))  # measured as slow here
+    policy.observe(8, PROBE_K, costs.profiled(8, PROBE_K), _at_prior(PROBE_K))  # as profiled, here
+    assert costs.level(rows_bucket(8), True) == 0.0 and policy.best(8) > 0
+
+
+def _steps(policy: AdaptiveK, rows: int, steps: int, drafting_ratio: float) -> list[int]:
+    """_run_steps with every drafting step measured at `drafting_ratio` x its profile."""
+    choices = []
+    for _ in range(steps):
+        k = policy.choose(rows)
+        choices.append(k)
+        ratio = drafting_ratio if k else 1.0
+        policy.observe(rows, k, ratio * policy.costs.profiled(rows, k), _at_prior(k) if k else [])
+    return choices
+
+
+@pytest.mark.parametrize("again", [20.0, 1.0])
+def test_one_slow_drafting_step_does_not_stop_probes_two_do(again):
+    """Drafting is spaced out to every FAR_PROBE_EVERY steps only when the best of two of its own measurements
+    says it is far from winning: one slow step (a shared machine) is probed again at the usual PROBE_EVERY."""
+    costs = _costs(per_token=0.0, fixed=1.0, mtp=0.01, max_k=4)
+    policy = AdaptiveK(4, costs)
     policy.observe(8, 0, costs.profiled(8, 0), [])
-    assert _run_steps(policy, 8, PROBE_EVERY + 2) == [0] * (PROBE_EVERY + 2)  # far now: probed rarely
+    policy.observe(8, PROBE_K, 20 * costs.profiled(8, PROBE_K), _at_prior(PROBE_K))  # one slow drafting step
+    assert policy.drafting_edge(8, policy.best_draft(8)) < PROBE_BAND
+    first = _steps(policy, 8, PROBE_EVERY + 2, again)
+    assert first.count(PROBE_K) == 1 and first[-2] == PROBE_K  # probed again, not far
+    later = _steps(policy, 8, 2 * PROBE_EVERY + 2, again)
+    # two slow: far, no probe in 2 x PROBE_EVERY steps; one slow and one as profiled: probed every PROBE_EVERY
+    assert sum(k > 0 for k in later) == (0 if again > 1 else 2)
 
 
 def test_a_level_borrowed_from_another_size_does_not_stop_probes():

@@ -49,6 +49,7 @@ PROBE_EVERY = 32  # measured steps after which the kind (plain / drafting) not c
 # be off by more than 1 / PROBE_BAND
 PROBE_BAND = 0.75
 FAR_PROBE_EVERY = 8 * PROBE_EVERY  # measured steps between probes of drafting predicted outside the band
+FAR_AFTER = 2  # own drafting steps measured in a bucket before its probes are spaced out (even the best of them far)
 # drafts of a drafting probe: the cheapest drafting step measures the level every k shares (the profile gives
 # the shape in k) and desynchronises the batch least
 PROBE_K = 1
@@ -106,17 +107,18 @@ class AdaptiveK:
         self.last_measured: dict[tuple[int, bool], int] = {}  # (rows bucket, drafting) -> step index
         self.suspended = False  # set by the RL drafter alarm: plain steps, a drafting probe every PROBE_EVERY
 
-    def throughput(self, rows: int, k: int) -> float:
-        """Predicted emitted tokens per second per row."""
-        return self.acceptance.expected_tokens(k) / self.costs.predict(rows, k)
+    def throughput(self, rows: int, k: int, lowest: bool = False) -> float:
+        """Predicted emitted tokens per second per row (`lowest`: StepCosts.predict's best case)."""
+        return self.acceptance.expected_tokens(k) / self.costs.predict(rows, k, lowest)
 
     def best_draft(self, rows: int) -> int:
         """The k >= 1 of highest predicted throughput at `rows` live rows."""
         return max(range(1, self.max_k + 1), key=lambda k: self.throughput(rows, k))
 
-    def drafting_edge(self, rows: int, k: int) -> float:
-        """Predicted throughput of drafting k over DRAFT_MARGIN x plain's: drafting is chosen above 1."""
-        return self.throughput(rows, k) / (DRAFT_MARGIN * self.throughput(rows, 0))
+    def drafting_edge(self, rows: int, k: int, lowest: bool = False) -> float:
+        """Predicted throughput of drafting k over DRAFT_MARGIN x plain's: drafting is chosen above 1. `lowest`:
+        drafting at the best its own steps here showed."""
+        return self.throughput(rows, k, lowest) / (DRAFT_MARGIN * self.throughput(rows, 0))
 
     def best(self, rows: int) -> int:
         """The rule on its estimates alone: the best k, or 0 unless drafting beats plain steps by DRAFT_MARGIN."""
@@ -136,11 +138,14 @@ class AdaptiveK:
         for drafting, k in ((False, 0), (True, min(best_draft, PROBE_K))):
             if drafting == (choice > 0):
                 continue  # the kind chosen is measured by its own steps
-            # a probe would cost more than it can find: drafting predicted far below the margin, on a measurement
-            # of drafting in this very bucket (or, before any level is known, on the profile alone), not on a level
-            # borrowed from another live-batch size nor one read from a table (a new process measures it once)
-            far = (drafting and self.drafting_edge(rows, best_draft) < PROBE_BAND
-                   and (self.costs.measured_here(bucket, True) or not self.costs.has_level(True)))
+            # a probe would cost more than it can find: drafting predicted far below the margin even at the best
+            # of FAR_AFTER own measurements of drafting in this very bucket (one slow step on a shared machine
+            # does not stop probes), or, before any level is known, on the profile alone; not on a level borrowed
+            # from another live-batch size nor one read from a table (a new process measures its own)
+            far = drafting and (
+                (self.costs.measured_here(bucket, True, FAR_AFTER) and self.drafting_edge(rows, best_draft, True)
+                 < PROBE_BAND)
+                or (not self.costs.has_level(True) and self.drafting_edge(rows, best_draft) < PROBE_BAND))
             unknown = not self.costs.has_measured(drafting) or (drafting and not self.acceptance.seen())
             if not far and unknown:  # a new controller over cached costs has not verified a draft: measure it first
                 return k

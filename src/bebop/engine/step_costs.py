@@ -35,6 +35,7 @@ import json
 import math
 import time
 import weakref
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,8 @@ class StepCosts:
         self.mtp = mtp  # rows -> seconds of one MTP draft step
         self.max_k = max_k
         self.log_ratio: dict[tuple[int, bool], float] = {}  # (rows bucket, drafting) -> log(measured / profiled)
-        self.measured: set[tuple[int, bool]] = set()  # the log ratios this process's steps measured (not read)
+        self.measured: Counter[tuple[int, bool]] = Counter()  # steps this process measured (not read) per key
+        self.lowest: dict[tuple[int, bool], float] = {}  # the lowest log ratio one of them measured
         self._profiled: dict[tuple[int, int], float] = {}
         self.compiled = False  # profiled through compiled steps
         self.table: Path | None = None  # where `save` keeps it (the compile store), else not kept
@@ -126,8 +128,12 @@ class StepCosts:
             self._profiled[key] = self.trunk_s(rows, k + 1) + k * self.mtp_s(rows)
         return self._profiled[key]
 
-    def predict(self, rows: int, k: int) -> float:
-        return self.profiled(rows, k) * math.exp(self.level(rows_bucket(rows), k > 0))
+    def predict(self, rows: int, k: int, lowest: bool = False) -> float:
+        """Seconds of a step; `lowest`: at the lowest ratio this process measured for its bucket and kind (the
+        best case its own steps showed), where it has one."""
+        key = (rows_bucket(rows), k > 0)
+        level = self.lowest[key] if lowest and key in self.lowest else self.level(*key)
+        return self.profiled(rows, k) * math.exp(level)
 
     def level(self, bucket: int, drafting: bool) -> float:
         """The bucket's log ratio for this kind of step, else the nearest measured bucket's, else 0."""
@@ -137,14 +143,14 @@ class StepCosts:
         near = [(abs(b - bucket), r) for (b, d), r in self.log_ratio.items() if d == drafting]
         return min(near)[1] if near else 0.0
 
-    def measured_here(self, bucket: int, drafting: bool) -> bool:
-        """Whether this live-batch bucket has measured a step of this kind in this process (its level is its own,
-        not borrowed, nor read from a table another process measured)."""
-        return (bucket, drafting) in self.measured
+    def measured_here(self, bucket: int, drafting: bool, at_least: int = 1) -> bool:
+        """Whether this live-batch bucket has measured `at_least` steps of this kind in this process (its level is
+        its own, not borrowed, nor read from a table another process measured)."""
+        return self.measured[(bucket, drafting)] >= at_least
 
     def has_measured(self, drafting: bool) -> bool:
         """Whether a step of this kind was measured in this process."""
-        return any(d == drafting for _, d in self.measured)
+        return any(d == drafting and n for (_, d), n in self.measured.items())
 
     def has_level(self, drafting: bool) -> bool:
         """Whether any level of this kind is known: measured here or read from the table."""
@@ -153,11 +159,12 @@ class StepCosts:
     def observe(self, rows: int, k: int, seconds: float) -> None:
         key = (rows_bucket(rows), k > 0)
         new = math.log(max(seconds, 1e-9) / max(self.profiled(rows, k), 1e-9))
-        old = self.log_ratio.get(key)
+        self.lowest[key] = min(new, self.lowest.get(key, new))
+        old = self.log_ratio.get(key) if self.measured[key] else None  # a table's level gives way to the first own
         if old is not None:
             new = RATIO_DECAY * old + (1 - RATIO_DECAY) * min(max(new, old - MAX_JUMP), old + MAX_JUMP)
         self.log_ratio[key] = new
-        self.measured.add(key)
+        self.measured[key] += 1
 
 
 _CACHE: "weakref.WeakKeyDictionary[CausalLM, StepCosts]" = weakref.WeakKeyDictionary()
