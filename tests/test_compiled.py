@@ -120,7 +120,8 @@ def test_auto_compiles_only_runs_long_enough():
 
 def test_auto_runs_the_saved_graphs_of_a_short_run_and_compiles_none(spec_model, fresh_store):
     """`auto` on a run too short to pay for compiling: eager with an empty store; with a store that holds graphs
-    for the model's kind, it runs those (loaded, none compiled) and every other step eagerly, decoding the same."""
+    for the model's kind, it runs those (loaded, none compiled) and every other step eagerly, decoding the same;
+    eager again on a run too short to pay for loading them."""
     prompts = ids_of(PROMPTS)
     short = compiled.PAYS_AFTER_STEPS - 1
     model = copy.deepcopy(spec_model)
@@ -138,6 +139,8 @@ def test_auto_runs_the_saved_graphs_of_a_short_run_and_compiles_none(spec_model,
     made = sum(g.made for g in steps.graphs.values())
     assert made == 0 and steps.graphs["trunk"].loaded > 0
     assert [g.token_ids for g in got] == [g.token_ids for g in want] == [g.token_ids for g in spec]
+    # a run shorter still would spend more loading graphs than they save: eager
+    assert not compiled.compile_steps(copy.deepcopy(spec_model), "auto", compiled.LOADS_PAY_AFTER_STEPS - 1)
 
 
 def test_bad_compile_flag_exits_2(tiny_model_dir):

@@ -33,7 +33,8 @@ cache's rollback.
 Each graph is compiled ahead of time and saved (engine/step_packages.py: a store keyed by the model's kind,
 bebop's source and torch's version): its first compile costs tens of seconds on a small CPU, a later process
 loads it in a fraction of a second (docs/benchmarks.md). `auto` compiles new graphs only in a run of at least
-PAYS_AFTER_STEPS decode steps; a shorter run still runs the graphs the store holds, and the rest eagerly.
+PAYS_AFTER_STEPS decode steps; a shorter one of at least LOADS_PAY_AFTER_STEPS still runs the graphs the store
+holds, and the rest eagerly (loading them costs about a second or two: more than a few hundred eager steps save).
 
 A compile that fails (no C++ compiler, a graph break) prints one line and the run goes on eager.
 The math is the eager forward's (the same modules; attention over masked zeros past a row's length
@@ -64,6 +65,7 @@ from bebop.sampling import SamplingParams
 COMPILE_CHOICES = ("auto", "on", "off")
 MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
 PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md)
+LOADS_PAY_AFTER_STEPS = 500  # `auto`: decode steps that pay for loading saved graphs (docs/benchmarks.md)
 # on a CPU a hybrid trunk runs compiled up to this many live rows (both paths on oneDNN's packed weights,
 # model/packed_linear.py): the compiled step is the faster one at 1 and 8 rows, the eager one at 64
 # (docs/benchmarks.md); on other devices a hybrid compiles at every batch size
@@ -90,10 +92,11 @@ def expected_decode_steps(rows: int, batch_size: int, max_new_tokens: int) -> in
 
 def compile_steps(model: CausalLM, choice: str, decode_steps: int = 0) -> bool:
     """Compile `model`'s decoding steps when `choice` says so (idempotent); False when it runs eager. A run too short
-    to pay for compiling (`auto`) still runs the graphs a store holds for its model kind (step_packages.py), and
-    the rest of its steps eagerly."""
+    to pay for compiling (`auto`) but long enough to pay for loading still runs the graphs a store holds for its
+    model kind (step_packages.py), and the rest of its steps eagerly."""
     compile_new = wants_compile(choice, decode_steps)
-    if not compile_new and not (choice == "auto" and has_packages(model)):
+    loads = choice == "auto" and decode_steps >= LOADS_PAY_AFTER_STEPS and has_packages(model)
+    if not compile_new and not loads:
         _STEPS.pop(model, None)
         return False
     if model not in _STEPS:

@@ -131,8 +131,8 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
     try:
         while run.live:
             run.step()
-        if run.controller is not None and run.controller.refine:
-            run.controller.costs.save()  # the ratios measured here, for the next process (compiled steps' table)
+        if isinstance(run.controller, AdaptiveK) and run.controller.refine:
+            run.controller.costs.save()  # the ratios measured here, for the next process (the kept table)
     finally:
         if run.suffix is not None:
             run.suffix.close()  # the call's rows become the index's history
