@@ -151,6 +151,15 @@ def test_a_level_read_from_a_table_does_not_stop_a_new_process_probing():
     assert costs.level(rows_bucket(8), True) == 0.0 and policy.best(8) > 0
 
 
+@pytest.mark.parametrize("refine", [True, False])
+def test_a_controller_that_does_not_refine_settles_as_one_that_does(refine):
+    """Without refining (`--k-costs fixed`) the steps still count as measured: each kind is measured once, then the
+    better one runs (no probe of the other before PROBE_EVERY steps)."""
+    policy = AdaptiveK(4, _costs(per_token=0.0, fixed=1.0, mtp=0.01, max_k=4), refine=refine)
+    choices = _run_steps(policy, 8, 20)
+    assert choices[0] == 0 and choices[2:] == [4] * 18, choices
+
+
 def _steps(policy: AdaptiveK, rows: int, steps: int, drafting_ratio: float) -> list[int]:
     """_run_steps with every drafting step measured at `drafting_ratio` x its profile."""
     choices = []

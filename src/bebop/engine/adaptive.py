@@ -159,6 +159,8 @@ class AdaptiveK:
         row's accepted-draft count (empty when no row drafted)."""
         if self.refine:
             self.costs.observe(rows, k, seconds)
+        else:  # measured, its time not used: the table alone prices steps
+            self.costs.measured[(rows_bucket(rows), k > 0)] += 1
         self.last_measured[(rows_bucket(rows), k > 0)] = self.steps
         self.steps += 1
         if k and accepted:
