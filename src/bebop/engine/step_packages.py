@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 import bebop
+from bebop.fileio import atomic_write, atomic_write_text
 
 STORE_ENV = "BEBOP_COMPILE_CACHE"
 SUFFIX = ".pt2"
@@ -196,8 +197,8 @@ class PackagedGraph:
             folder.mkdir(parents=True, exist_ok=True)
             about = folder / "about.json"
             if not about.exists():
-                _write_atomic(about, json.dumps(self.kind, indent=1, default=str).encode())
-            entry.save_compiled_function(str(folder / f"{name}-{uuid.uuid4().hex[:8]}{SUFFIX}"))
+                atomic_write_text(about, json.dumps(self.kind, indent=1, default=str))
+            atomic_write(folder / f"{name}-{uuid.uuid4().hex[:8]}{SUFFIX}", entry.save_compiled_function)
         except (OSError, RuntimeError) as err:
             if folder not in _UNSAVED:  # said once a folder
                 _UNSAVED.add(folder)
@@ -213,12 +214,6 @@ def one_line(err: BaseException) -> str:
 def graph_count() -> int:
     """Graphs compiled or loaded in this process, every step function and model kind."""
     return sum(g.made + g.loaded for g in _SHARED.values())
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
