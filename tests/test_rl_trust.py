@@ -118,7 +118,7 @@ class FixedCosts(StepCosts):
     """A cost model that does not read the clock: --k auto's choices then depend on acceptance only,
     so these runs are the same on a busy machine."""
 
-    def observe(self, rows: int, k: int, seconds: float) -> None:
+    def observe(self, rows: int, k: int, seconds: float | None) -> None:
         super().observe(rows, k, self.profiled(rows, k))  # measured exactly as profiled: every level 0
 
 

@@ -157,10 +157,7 @@ class AdaptiveK:
     def observe(self, rows: int, k: int, seconds: float, accepted: list[int]) -> None:
         """After a decode step over `rows` live rows with k drafts: its wall time and each drafting
         row's accepted-draft count (empty when no row drafted)."""
-        if self.refine:
-            self.costs.observe(rows, k, seconds)
-        else:  # measured, its time not used: the table alone prices steps
-            self.costs.measured[(rows_bucket(rows), k > 0)] += 1
+        self.costs.observe(rows, k, seconds if self.refine else None)  # not refining: the table alone prices steps
         self.last_measured[(rows_bucket(rows), k > 0)] = self.steps
         self.steps += 1
         if k and accepted:

@@ -156,14 +156,17 @@ class StepCosts:
         """Whether any level of this kind is known: measured here or read from the table."""
         return any(d == drafting for _, d in self.log_ratio)
 
-    def observe(self, rows: int, k: int, seconds: float) -> None:
+    def observe(self, rows: int, k: int, seconds: float | None) -> None:
+        """A measured step of `rows` rows and k drafts; `seconds` None: counted, its time not used (a controller
+        that prices steps by the table alone)."""
         key = (rows_bucket(rows), k > 0)
-        new = math.log(max(seconds, 1e-9) / max(self.profiled(rows, k), 1e-9))
-        self.lowest[key] = min(new, self.lowest.get(key, new))
-        old = self.log_ratio.get(key) if self.measured[key] else None  # a table's level gives way to the first own
-        if old is not None:
-            new = RATIO_DECAY * old + (1 - RATIO_DECAY) * min(max(new, old - MAX_JUMP), old + MAX_JUMP)
-        self.log_ratio[key] = new
+        if seconds is not None:
+            new = math.log(max(seconds, 1e-9) / max(self.profiled(rows, k), 1e-9))
+            self.lowest[key] = min(new, self.lowest.get(key, new))
+            old = self.log_ratio.get(key) if self.measured[key] else None  # a table's level gives way to the first own
+            if old is not None:
+                new = RATIO_DECAY * old + (1 - RATIO_DECAY) * min(max(new, old - MAX_JUMP), old + MAX_JUMP)
+            self.log_ratio[key] = new
         self.measured[key] += 1
 
 
