@@ -250,7 +250,7 @@ def test_a_loaded_graphs_first_run_is_warm_up(monkeypatch):
             time.sleep(0.05 if Loaded.runs == 1 else 0.0)
             return "out"
 
-    graph = step_packages.PackagedGraph(lambda x: x, "digest", {})
+    graph = step_packages.PackagedGraph(lambda x: x, "digest", {"inductor": {}})
     monkeypatch.setattr(graph, "_load", lambda name: [Loaded()])
     first, second = graph(("k",), list, False, 1), graph(("k",), list, False, 1)
     assert first[0] == second[0] == "out" and first[1] >= 0.05 and second[1] == 0.0

@@ -73,8 +73,11 @@ def headless(hf_model_dir):
     return model
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16", "compiled"])
+@pytest.fixture(scope="module", params=["float32", "bfloat16", pytest.param("compiled", marks=pytest.mark.slow)])
 def path_model(request, headless):
+    """The headless model on each path. Compiled, its graphs are its own model kind's (two to three minutes cold), so
+    that variant runs with -m slow; the default suite covers point-mass drafts on compiled steps through
+    headed_model's `both` tests."""
     return on_path(headless, request.param)
 
 

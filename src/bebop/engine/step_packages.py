@@ -11,7 +11,7 @@ for the calls it meets and checks their guards itself, so tracing happens once p
 
 The store: `$BEBOP_COMPILE_CACHE`, else `bebop/` in inductor's cache folder (TORCHINDUCTOR_CACHE_DIR, by default
 under /tmp), one folder per model kind: a digest of the model's config, bebop's own source, torch's and
-Python's versions and the CPU's instruction set (what a graph bakes in without a guard on it; a changed bebop
+Python's versions, inductor's options and the CPU's instruction set (what a graph bakes in without a guard on it; a changed bebop
 or torch compiles anew). In it, one file per graph, named by the call's key (the step's name, its batch and
 chunk class, dtype, and its non-tensor arguments: sampling, mode, depth), written atomically; `about.json`
 says what the folder is for; `--k auto`'s cost tables are kept there too (engine/step_costs.py). Files that
@@ -75,13 +75,22 @@ def source_digest() -> str:
 def model_kind(model: torch.nn.Module) -> dict[str, Any]:
     """What a model's graphs depend on beyond their guards (readable; its digest names the store's folder)."""
     config = getattr(model, "config", None)
+    device = str(next(model.parameters()).device.type)
     return {
         "config": config.to_dict() if config is not None else type(model).__name__,
         "head": getattr(model, "mtp", None) is not None,
-        "device": str(next(model.parameters()).device.type),
+        "device": device, "inductor": inductor_options(device),
         "bebop": bebop.__version__, "source": source_digest(), "torch": torch.__version__,
         "python": "%d.%d" % sys.version_info[:2], "cpu": torch.backends.cpu.get_cpu_capability(),
     }
+
+
+def inductor_options(device: str) -> dict[str, Any]:
+    """Inductor's options for a step graph on `device`. On a CPU the graph's wrapper (the code that allocates its
+    buffers and calls its kernels, a few hundred Python lines per call) is generated as C++ (`cpp_wrapper`): the
+    kernels are the same, the host time per call is a fraction (docs/benchmarks.md). Elsewhere inductor's
+    defaults, not yet measured on a device."""
+    return {"cpp_wrapper": True} if device == "cpu" else {}
 
 
 def _digest(value: Any) -> str:
@@ -125,7 +134,7 @@ class PackagedGraph:
         self.fn = fn
         self.digest = digest  # of `kind`: the store's folder for it
         self.kind = kind
-        self.compiler = torch.compile(fn, fullgraph=True, dynamic=False)
+        self.compiler = torch.compile(fn, fullgraph=True, dynamic=False, options=kind["inductor"])
         self.entries: dict[str, list[Any]] = {}  # key digest -> AOTCompiledFunction, most recently used first
         self.names: dict[tuple, str] = {}  # key -> its file name stem (a digest of its repr, made once)
         self.ran: set[int] = set()  # ids of the entries that have run in this process
