@@ -50,6 +50,24 @@ def assert_positions_follow(model, prompt, gens, params, positions):
 
 
 
+def assert_marginals_follow(model, prompt, gens, params, positions: int) -> None:
+    """Rows sampled from one prompt: the tokens at each position < `positions` follow that position's exact marginal
+    law under the warped target (every earlier token summed over: V ** pos sequences scored in one forward), so
+    every row counts, not only those sharing a prefix (chi-square, stats_helpers.assert_follows)."""
+    vocab = model.config.vocab_size
+    law = torch.ones(1, dtype=torch.float64)  # (V ** pos,): the probability of each prefix of length pos
+    prefixes = torch.tensor([prompt])  # (V ** pos, len(prompt) + pos)
+    for pos in range(positions):
+        with torch.no_grad():
+            nxt = warp_probs(model.logits(model(prefixes))[:, -1], params).double()  # (V ** pos, V)
+        joint = law[:, None] * nxt  # (V ** pos, V)
+        tokens = torch.tensor([g.token_ids[pos] for g in gens])  # (N,)
+        assert_follows(tokens, joint.sum(0) / joint.sum())
+        law = joint.reshape(-1)  # (V ** (pos + 1),)
+        prefixes = torch.cat([prefixes.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(prefixes.shape[0])[:, None]],
+                             dim=1)
+
+
 def oracle_drafter(model, prompts, corrupt: float, seed: int):
     """A drafter that knows the greedy continuation: drafts are right except at a random depth
     (with probability `corrupt` per chain), so rows accept 0..K tokens raggedly. It rebuilds each

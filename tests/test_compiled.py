@@ -51,7 +51,7 @@ def test_compiled_steps_run_and_equal_eager(spec_model, compiled_model):
                                    stop_ids=[EOS])
     steps = compiled.compiled_steps(compiled_model)
     assert steps is not None and steps.failed is None  # the compiled path ran, every forward of a decode step
-    assert all(steps.calls[name] > 0 for name in ("trunk", "refresh", "draft", "verify")), steps.calls
+    assert all(steps.calls[name] > 0 for name in ("trunk", "step", "verify")), steps.calls  # a drafting step whole
     assert [g.token_ids for g in plain] == [g.token_ids for g in ref]
     assert [g.token_ids for g in spec] == [g.token_ids for g in ref]
 
@@ -65,24 +65,21 @@ def test_the_recompile_limit_is_the_steps_own(spec_model):
 
 def test_graphs_are_reused_across_batch_sizes_and_weight_updates(compiled_model):
     """A run at another live-batch size (2 and up share one graph), with other prompt lengths (every span and rope
-    table shares it), plain or speculative with any k (k from 2 up shares the verify graph and the refresh, every
-    depth the drafting graph; as --k auto picks them), and after an in-place weight update (as an optimizer step
-    makes, every RL step) compiles nothing new, and decodes with the new weights."""
+    table shares it), plain or speculative with a k met before (a whole step is one graph per k, as --k auto picks
+    them; the verify graph of k = 0 serves its plain steps), and after an in-place weight update (as an optimizer
+    step makes, every RL step) compiles nothing new, and decodes with the new weights."""
     prompts = ids_of(PROMPTS)
 
-    def decode(batch, n):  # plain and speculative
+    def decode(batch, n, k=3):  # plain and speculative
         generate(compiled_model, batch, max_new_tokens=n, sampling=GREEDY, stop_ids=[EOS])
-        speculative_generate(compiled_model, batch, k=3, mode="rs", max_new_tokens=n, sampling=GREEDY, stop_ids=[EOS])
+        speculative_generate(compiled_model, batch, k=k, mode="rs", max_new_tokens=n, sampling=GREEDY, stop_ids=[EOS])
 
     decode(prompts, 24)  # every shape seen: plain, the refresh, drafting and verify graphs of k = 3
     decode(prompts[:1], 24)  # at batch 1 too (torch specialises size 1)
     speculative_generate(compiled_model, prompts, k=1, mode="rs", max_new_tokens=24, sampling=GREEDY, stop_ids=[EOS])
     before = unique_graphs()
-    decode(prompts[:3], 24)
+    decode(prompts[:3], 24, k=1)
     decode([p * 3 for p in prompts[2:]], 30)
-    for k in (5, 2):  # k's not met before: the same graphs
-        speculative_generate(compiled_model, prompts[1:], k=k, mode="rs", max_new_tokens=24, sampling=GREEDY,
-                             stop_ids=[EOS])
     with torch.no_grad():
         for p in compiled_model.parameters():
             p.add_(torch.randn_like(p), alpha=0.05)

@@ -12,7 +12,16 @@ from bebop.model import load_model
 from bebop.sampling import SamplingParams, warp_probs
 
 from conftest import CHAR_CODEC
-from spec_helpers import EOS, PROMPTS, assert_positions_follow, ids_of, mixture_drafter, on_path, oracle_drafter
+from spec_helpers import (
+    EOS,
+    PROMPTS,
+    assert_marginals_follow,
+    assert_positions_follow,
+    ids_of,
+    mixture_drafter,
+    on_path,
+    oracle_drafter,
+)
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16", "compiled"])
@@ -81,6 +90,36 @@ def test_sampled_output_is_lossless_end_to_end(dtype_model, monkeypatch):
                                               sampling=params, generator=torch.Generator().manual_seed(0))
     assert 0.5 < metrics.acceptance_rate < 0.98  # accepted and rejected paths both exercised
     assert_positions_follow(dtype_model, prompt, gens, params, positions=(0, 1))
+
+
+@pytest.mark.parametrize("mode", ["rs", "to"])
+def test_sampled_output_is_lossless_drafting_with_the_head(dtype_model, mode):
+    """The same law with the model's own head drafting: each drafting step runs whole (spec_step.speculative_step,
+    one graph on the compiled path), so its drafts, warps, draws and acceptance are checked there too. At T=3 this
+    random head's q is far enough from p (RS accepts about half its drafts) that accepting too often or resampling
+    from the wrong residual moves the law. Chi-square at alpha = 1e-6 per position: false-failure probability about
+    3e-6 per (path, mode), about 2e-5 in all."""
+    params = SamplingParams(3.0)
+    prompt = CHAR_CODEC.encode("hello")
+    n = 4000
+    gens, metrics = spec.speculative_generate(dtype_model, [prompt] * n, k=2, mode=mode, max_new_tokens=3,
+                                              sampling=params, generator=torch.Generator().manual_seed(5))
+    low = 0.2 if mode == "rs" else 0.002  # TO accepts only where the head's argmax is the target's sample
+    assert low < metrics.acceptance_rate < 0.98 and metrics.num_drafts >= n, metrics.acceptance_rate  # both paths
+    assert_marginals_follow(dtype_model, prompt, gens, params, positions=3)
+
+
+def test_a_whole_step_samples_what_its_two_verbs_sample(dtype_model, monkeypatch):
+    """A drafting step run whole (one call; one graph when compiled) and the same step as the drafting chain then the
+    verify (what the engine runs for any other drafter) draw the same tokens from the same seed: the step's uniforms
+    reach the same draws and tests in both."""
+    prompts = ids_of(PROMPTS)
+    kwargs = dict(k=3, mode="rs", max_new_tokens=30, sampling=SamplingParams(1.0), stop_ids=[EOS])
+    whole, _ = spec.speculative_generate(dtype_model, prompts, generator=torch.Generator().manual_seed(7), **kwargs)
+    monkeypatch.setattr(spec, "_draft", lambda *args: spec._HEAD_DRAFT(*args))  # the head's drafts, step in two
+    verbs, metrics = spec.speculative_generate(dtype_model, prompts, generator=torch.Generator().manual_seed(7),
+                                               **kwargs)
+    assert [g.token_ids for g in whole] == [g.token_ids for g in verbs] and metrics.num_drafts > 0
 
 
 def test_logprobs_are_the_targets(spec_model):

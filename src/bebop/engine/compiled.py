@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from bebop.engine.spec_step import draft_chain, draft_next, draft_refresh, verify
+from bebop.engine.spec_step import draft_chain, draft_next, draft_refresh, speculative_step, verify
 from bebop.engine.step_packages import CompileFailed, Dynamic, has_packages, one_line, packaged
 from bebop.errors import BebopError
 from bebop.model.hybrid_cache import HybridCache
@@ -157,6 +157,14 @@ class EagerSteps:
         return verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws, k=k, mode=mode,
                       sampling=sampling)
 
+    def spec_step(self, model: CausalLM, cache: KVCache, head_cache: KVCache, ref_hidden: torch.Tensor,
+                  ref_tokens: torch.Tensor, ref_count: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
+                  is_draft: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
+                  sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """spec_step.speculative_step over this object's draft_chain and verify: a step drafting with the head."""
+        return speculative_step(model, cache, head_cache, ref_hidden, ref_tokens, ref_count, ids, counts, is_draft,
+                                draws, k=k, mode=mode, sampling=sampling, chain=self.draft_chain, check=self.verify)
+
 
 EAGER = EagerSteps()
 
@@ -194,15 +202,23 @@ def _verify(model: CausalLM, k, v, lengths, rope, linear, *args):
     return verify(model, view, *tensors, k=drafts.shape[1], mode=mode, sampling=sampling), _staged(view)
 
 
+def _step(model: CausalLM, k, v, lengths, rope, linear, head_k, head_v, head_lengths, *args):
+    """A whole speculative step (spec_step.speculative_step) over the trunk's and the head's caches: one graph per k."""
+    *tensors, drafts_k, mode, sampling = args
+    view, head = _view(k, v, lengths, rope, linear), StaticView(head_k, head_v, head_lengths, rope)
+    return speculative_step(model, view, head, *tensors, k=drafts_k, mode=mode, sampling=sampling), _staged(view)
+
+
 class CompiledSteps(EagerSteps):
     """One model's compiled step functions; `failed` holds why compiling failed (then all runs eager)."""
 
     def __init__(self, model: CausalLM) -> None:
         self.graphs = {name: packaged(fn, model) for name, fn in
-                       (("trunk", _trunk), ("refresh", _refresh), ("draft", _draft), ("verify", _verify))}
+                       (("trunk", _trunk), ("refresh", _refresh), ("draft", _draft), ("verify", _verify),
+                                   ("step", _step))}
         self.failed: str | None = None
         self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "refresh",
-        # "draft" (one drafting forward), "verify"
+        # "draft" (one drafting forward), "verify", "step" (a whole speculative step)
         self.compile_s = 0.0  # seconds these steps spent compiling a graph or loading one (the warm-up)
         self.compile_new = True  # compile a graph no package holds (else that step runs eagerly)
 
@@ -246,29 +262,49 @@ class CompiledSteps(EagerSteps):
         return self.run("verify", eager, model, cache, ids.shape[1], ids, counts, is_draft, drafts, draft_probs, draws,
                         mode, sampling, dynamic_chunk=k > 1)
 
+    def spec_step(self, model: CausalLM, cache: KVCache, head_cache: KVCache, ref_hidden: torch.Tensor,
+                  ref_tokens: torch.Tensor, ref_count: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
+                  is_draft: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
+                  sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """One graph per k for a decode step (the refresh and the trunk's chunk both k + 1 wide: rows that drafted
+        or stepped plainly since the last refresh); another step (a catch-up refresh, an observation) runs the two
+        verbs' graphs."""
+        separate = lambda: super(CompiledSteps, self).spec_step(  # noqa: E731
+            model, cache, head_cache, ref_hidden, ref_tokens, ref_count, ids, counts, is_draft, draws, k=k, mode=mode,
+            sampling=sampling)
+        if self.failed or not k or ids.shape[1] != k + 1 or ref_hidden.shape[1] != k + 1:
+            return separate()
+        return self.run("step", separate, model, cache, k + 1, ref_hidden, ref_tokens, ref_count, ids, counts,
+                        is_draft, draws, k, mode, sampling, head=(head_cache, 2 * k))  # refresh k + 1, drafts k - 1
+
     def run(self, name: str, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
-            dynamic_chunk: bool = False) -> Any:
+            dynamic_chunk: bool = False, head: tuple[KVCache, int] | None = None) -> Any:
         """The graph `name`(model, views of the cache's used span, *args), the host span advanced as an eager forward does;
         `eager()` instead when compiling fails. `dynamic_chunk`: dimension 1 of the chunk's (B, T, ...) inputs is
-        dynamic (one graph for every chunk length from 2 up)."""
+        dynamic (one graph for every chunk length from 2 up). `head`: a second cache the graph writes (the head's, in
+        a whole speculative step) and the positions it writes there; its views follow the trunk's linear states."""
         if isinstance(cache, HybridCache) and cache.lengths.device.type == "cpu" and cache.batch_size > HYBRID_MAX_ROWS:
             return eager()
         cache.check_room(chunk_len)
+        capacity = cache.capacity
+        if head is not None:
+            head[0].check_room(head[1])
+            capacity = max(capacity, head[0].capacity)
         args = tuple(_row_major(a) if isinstance(a, torch.Tensor) else a for a in args)
         cfg = model.config
-        rope = rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, cache.capacity)  # built outside
-        span = cache.span + chunk_len
-        k = [t[:, :, :span] for t in cache.k]  # (B, Hkv, span, Dh) views: the writes land in the cache
-        v = [t[:, :, :span] for t in cache.v]
+        rope = rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, capacity)  # built outside
+        k, v = _span_views(cache, chunk_len)
         # a hybrid trunk's linear layers: their states (whole tensors, selected in place) and the chunk's bounds
         linear = ((cache.linear.conv, cache.linear.recurrent, cache.base, cache.taken)
                   if isinstance(cache, HybridCache) else None)
+        head_views = (*_span_views(*head), head[0].lengths) if head is not None else ()
         batch1 = cache.batch_size == 1
         key = (model.dtype, batch1, "dynamic" if dynamic_chunk and chunk_len > 1 else chunk_len,
                *(a for a in args if not isinstance(a, torch.Tensor)))  # the graph's candidates; its guards decide
         try:
-            dims = partial(_dynamic_dims, k, v, rope, cache, linear, args, dynamic_chunk and chunk_len > 1)
-            ran = self.graphs[name](key, dims, self.compile_new, model, k, v, cache.lengths, rope, linear, *args)
+            dims = partial(_dynamic_dims, k, v, rope, cache, linear, head_views, args, dynamic_chunk and chunk_len > 1)
+            ran = self.graphs[name](key, dims, self.compile_new, model, k, v, cache.lengths, rope, linear, *head_views,
+                                    *args)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
             if not isinstance(err, CompileFailed) and not _is_compile_error(err):
                 raise
@@ -284,18 +320,30 @@ class CompiledSteps(EagerSteps):
             cache.linear.windows, cache.linear.states, cache.linear.initials = (list(x) for x in staged)
             cache.linear.every_position = True
         cache.span += chunk_len
+        if head is not None:
+            head[0].span += head[1]
         self.calls[name] += 1
         return out
 
 
-def _dynamic_dims(k, v, rope, cache: KVCache, linear, args: tuple, dynamic_chunk: bool) -> Dynamic:
-    """The inputs' dimensions a graph leaves dynamic: every span (k, v), rope table size (it grows with the caches'
-    capacity) and, above batch 1, the batch (torch specialises size 1, so batch 1 is its own graph); with
-    `dynamic_chunk`, dimension 1 of a (B, T, ...) input: T, or k or k + 2 in a verify."""
-    dims: Dynamic = [(t, 2, True) for t in k + v] + [(t, 0, True) for t in rope]
+def _span_views(cache: KVCache, chunk_len: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Views of each layer's keys and values over the used span and the chunk's room: (B, Hkv, span, Dh) each,
+    so the graph's writes land in the cache."""
+    span = cache.span + chunk_len
+    return [t[:, :, :span] for t in cache.k], [t[:, :, :span] for t in cache.v]
+
+
+def _dynamic_dims(k, v, rope, cache: KVCache, linear, head_views: tuple, args: tuple, dynamic_chunk: bool) -> Dynamic:
+    """The inputs' dimensions a graph leaves dynamic: every span (k, v and the head's), rope table size (it grows
+    with the caches' capacity) and, above batch 1, the batch (torch specialises size 1, so batch 1 is its own
+    graph); with `dynamic_chunk`, dimension 1 of a (B, T, ...) input: T, or k or k + 2 in a verify."""
+    head_kv = [*head_views[0], *head_views[1]] if head_views else []
+    dims: Dynamic = [(t, 2, True) for t in k + v + head_kv] + [(t, 0, True) for t in rope]
     if cache.batch_size > 1:
         states = [*linear[0], *linear[1], *linear[2:]] if linear else []
-        dims += [(t, 0, True) for t in [*k, *v, cache.lengths, *states, *(a for a in args if isinstance(a, torch.Tensor))]]
+        head_all = [*head_kv, head_views[2]] if head_views else []
+        dims += [(t, 0, True) for t in [*k, *v, cache.lengths, *states, *head_all,
+                                        *(a for a in args if isinstance(a, torch.Tensor))]]
     if dynamic_chunk:
         dims += [(a, 1, False) for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
     return dims

@@ -1,16 +1,20 @@
-"""The two verbs of a speculative step as pure tensor functions: the drafting chain and the verify.
+"""The two verbs of a speculative step as pure tensor functions: the drafting chain and the verify, and the step.
 
     draws = step_draws(rows, k, generator, device)                # (R, 2k + 2) float64: the step's randomness
     drafts, draft_probs = draft_chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws[:, :k],
                                       k=k, mode="rs", sampling=params)
     hidden, host = verify(model, cache, ids, counts, is_draft, drafts, draft_probs, draws[:, k:],
                           k=k, mode="rs", sampling=params)
+    hidden, host = speculative_step(model, cache, head_cache, ref_hidden, ref_tokens, ref_count, ids, counts,
+                                    is_draft, draws, k=k, mode="rs", sampling=params)   # the two in one call
 
 Each is a fixed sequence of tensor operations with no host synchronisation and no data-dependent
-Python, so the engine runs it eagerly or as one compiled graph (bebop.engine.compiled: per k, with the
-batch, the caches' spans and the refresh width dynamic), and both paths compute the same thing from
-the same modules. The two are separate graphs, not one, so that a drafter other than the head (a test's
-oracle, a suffix index) can take draft_chain's place while the verify stays compiled.
+Python, so the engine runs it eagerly or compiled (bebop.engine.compiled), and both paths compute the
+same thing from the same modules. A decode step drafting with the head compiles whole
+(`speculative_step`: one graph per k, its host work one call); the verbs compile on their own too (the
+batch, the caches' spans, the refresh width and the verify's k dynamic), so that a drafter other than
+the head (a test's oracle, a suffix index) can take draft_chain's place while the verify stays
+compiled, and a catch-up refresh wider than a decode step's runs its own graph.
 
 Random numbers: one float64 uniform tensor per step, drawn up front (`step_draws`), columns in order:
 
@@ -136,3 +140,19 @@ def verify(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Ten
     logprobs = torch.log(target_probs.gather(-1, tokens.clamp_min(0)[..., None])[..., 0])  # (R, k+1)
     host = pack_host([tokens, logprobs, entropy(target_probs), accepted], logits, draft_probs)  # (R, 3(k+1) + 2)
     return hidden, host
+
+
+def speculative_step(model: CausalLM, cache: KVCache, head_cache: KVCache, ref_hidden: torch.Tensor,
+                     ref_tokens: torch.Tensor, ref_count: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
+                     is_draft: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str, sampling: SamplingParams,
+                     chain=draft_chain, check=verify) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step drafting with the head: its drafting chain, then the verify of the drafts.
+
+    ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,) as draft_chain's; ids (R, Wc), counts (R,), is_draft (R,)
+    as verify's; draws (R, 2k + 2) (the module docstring's columns) -> hidden (R, Wc, H), host (R, 3(k+1) + 2).
+    `chain`, `check`: draft_chain and verify or functions computing the same (the compiled ones); compiled whole, the
+    step is one graph."""
+    drafts, draft_probs = chain(model, head_cache, ref_hidden, ref_tokens, ref_count, draws[:, :k], k=k, mode=mode,
+                                sampling=sampling)  # (R, k), (R, k, V)
+    return check(model, cache, ids, counts, is_draft, drafts, draft_probs, draws[:, k:], k=k, mode=mode,
+                 sampling=sampling)

@@ -100,6 +100,9 @@ def _draft(steps: EagerSteps, model: CausalLM, mtp_cache, ref_hidden: torch.Tens
                              sampling=sampling)
 
 
+_HEAD_DRAFT = _draft  # while `_draft` is this, a step drafting with the head runs whole (a test puts an oracle there)
+
+
 @torch.inference_mode()
 @decoding()
 def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k: int | str, mode: str,
@@ -207,6 +210,7 @@ class _SpeculativeRun:
     def step(self) -> None:
         t0, compiling = time.perf_counter(), compile_seconds(self.model)
         generating = len(live_rows(self.book, self.live))  # the live batch less the finished riding along
+        whole = None  # (hidden, results) of a step run as one call
         pending = [self.book.pending[row] for row in self.live]
         if self.drafter == "suffix":  # the text alone: no head
             k, drafting, drafts, draft_probs = self._suffix_drafts(pending, generating)
@@ -228,13 +232,15 @@ class _SpeculativeRun:
             draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
             drafts = draft_probs = None
             self.continuations = []
-            if k:
+            if k and found is None and _draft is _HEAD_DRAFT:  # the head drafts every row: the step in one call
+                whole = self._head_step(k, pending, drafting, draws)
+            elif k:
                 drafts, draft_probs = self._refresh(k, draws[:, :k])
                 if found is not None:  # both: a row with a long match drafts its continuation instead
                     drafts, draft_probs = self._mix(found, drafts, draft_probs)
             elif self.log.positions * len(self.live) * self.model.config.hidden_size > LOG_LIMIT:
                 self._refresh(0, draws[:, :0])
-        hidden, host_rows = self._verify(k, pending, drafting, drafts, draft_probs, draws[:, k:])
+        hidden, host_rows = whole or self._verify(k, pending, drafting, drafts, draft_probs, draws[:, k:])
         host = read_host(host_rows)  # the step's one host sync
         self._emit(k, pending, drafting, host, hidden)
         typical = typical and compile_seconds(self.model) == compiling  # a step that compiled a graph is warm-up
@@ -304,18 +310,41 @@ class _SpeculativeRun:
         ref_hidden, ref_tokens, ref_count = self.log.take(self.pad_id, width=k + 1)  # (R, W, H), (R, W), (R,)
         drafts, draft_probs = _draft(self.steps, self.model, self.mtp_cache, ref_hidden, ref_tokens, ref_count, k,
                                      self.mode, self.sampling, draws, list(self.live))  # (R, k), (R, k, V)
+        self._head_refreshed(counts)
+        return drafts, draft_probs
+
+    def _head_refreshed(self, counts: list[int]) -> None:
+        """The head's cache rolled back past the drafts: each row keeps the `counts` positions its refresh wrote."""
+        assert self.mtp_cache is not None
         self.mtp_len = [n + c for n, c in zip(self.mtp_len, counts)]
         self.mtp_cache.rollback(torch.tensor(self.mtp_len, device=self.model.device), span=max(self.mtp_len))
-        return drafts, draft_probs
+
+    def _head_step(self, k: int, pending, drafting, draws: torch.Tensor):
+        """A step whose drafts are the head's: the refresh, the drafting chain and the verify as one call of the
+        steps' spec_step (one graph when compiled). draws (R, 2k + 2) -> hidden (R, Wc, H), results (R, 3(k+1) + 2)."""
+        assert self.mtp_cache is not None
+        counts = self.log.counts
+        ref_hidden, ref_tokens, ref_count = self.log.take(self.pad_id, width=k + 1)  # (R, W, H), (R, W), (R,)
+        is_draft, ids, chunk_counts = self._chunk(k, pending, drafting)
+        out = self.steps.spec_step(self.model, self.cache, self.mtp_cache, ref_hidden, ref_tokens, ref_count, ids,
+                                   chunk_counts, is_draft, draws, k=k, mode=self.mode, sampling=self.sampling)
+        self._head_refreshed(counts)
+        return out
+
+    def _chunk(self, k: int, pending, drafting) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The verify's input: is_draft (R,), ids (R, Wc) (a drafting row's k draft slots padded, filled in the
+        verify), counts (R,)."""
+        device = self.model.device
+        ids, counts = pad_chunk([p + [self.pad_id] * k if d else p for p, d in zip(pending, drafting)],
+                                self.pad_id, device)  # (R, Wc), (R,)
+        return torch.tensor(drafting, device=device), ids, counts
 
     def _verify(self, k: int, pending, drafting, drafts, draft_probs, draws):
         """One trunk forward and the acceptance (spec_step.verify): drafting rows feed [x_last, y_1..y_k], the
         others their pending tokens. -> hidden (R, Wc, H), the step's per-row results (R, 3(k+1) + 2)."""
         device = self.model.device
         batch = len(pending)
-        is_draft = torch.tensor(drafting, device=device)  # (R,)
-        ids, counts = pad_chunk([p + [self.pad_id] * k if d else p for p, d in zip(pending, drafting)],
-                                self.pad_id, device)  # (R, Wc), (R,)
+        is_draft, ids, counts = self._chunk(k, pending, drafting)
         if not k:
             vocab = self.model.config.vocab_size
             drafts, draft_probs = ids.new_zeros(batch, 0), torch.zeros(batch, 0, vocab, device=device)
