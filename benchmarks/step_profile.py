@@ -14,7 +14,7 @@ engine's prefill verb: the first step, which fed the prompts) apart as `prefill_
 MTP, and `step_over_forwards`, a step over its forwards. "verify_forward" is the trunk forward (plain: the decode forward) with
 everything inside it: cache writes, the mask, attention. `--compile on` profiles the compiled steps (the
 trunk timed where the engine calls it; "mtp_forwards" is then the whole drafting function, its warps and
-draws included).
+draws included; "whole_step" a drafting step run as one graph, counted with the forwards).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ CATEGORIES = {
     "cache_work": [(refresh_log.RefreshLog, "take"), (refresh_log.RefreshLog, "add"), (refresh_log.RefreshLog, "keep"),
                    (kv_cache.KVCache, "rollback"), (kv_cache.KVCache, "keep"), (RUN, "_leave_finished"),
                    (plain_module, "_leave_finished"), (plain_module, "pad_chunk"), (speculative, "pad_chunk")],
+    "whole_step": [],  # compiled only: a drafting step as one graph (below)
 }
 
 # with --compile on, nothing a compiled graph calls may be wrapped (a timer is a graph break): the trunk is timed
@@ -70,6 +71,8 @@ COMPILED_CATEGORIES = {
                        *[(steps, name) for steps in STEP_CLASSES for name in ("forward", "verify")],
                        (qwen3.CausalLM, "logits")],
     "mtp_forwards": [(speculative, "_draft")],
+    # a drafting step run whole (its forwards, warps, draws and acceptance in one graph), where the tree has it
+    "whole_step": [(steps, "spec_step") for steps in STEP_CLASSES],
     "sampling_acceptance": [(mod, name) for mod in (speculative, plain_module) for name in SAMPLING],
 }
 # the engine's prefill (each distinct prompt once, before the first step) where the tree has one: it is "step 0",
@@ -172,7 +175,7 @@ def profile(policy, case: str, arm: str) -> dict:
     run_once(policy, arm, prompts, max_new, stops)  # warm-up (and --k auto's cost profile)
     runs = [run_once(policy, arm, prompts, max_new, stops) for _ in range(ARGS.runs)]
     row = {key: median([r[key] for r in runs]) for key in runs[0]}
-    row["forwards_ms"] = row["verify_forward"] + row["mtp_forwards"]
+    row["forwards_ms"] = row["verify_forward"] + row["mtp_forwards"] + row["whole_step"]
     row["step_over_forwards"] = row["step_ms"] / row["forwards_ms"]
     return {"case": case, "arm": arm, "compile": ARGS.compile, **{k: round(v, 3) for k, v in row.items()}}
 

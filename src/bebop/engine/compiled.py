@@ -266,16 +266,18 @@ class CompiledSteps(EagerSteps):
                   ref_tokens: torch.Tensor, ref_count: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
                   is_draft: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
                   sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """One graph per k for a decode step (the refresh and the trunk's chunk both k + 1 wide: rows that drafted
-        or stepped plainly since the last refresh); another step (a catch-up refresh, an observation) runs the two
-        verbs' graphs."""
+        """One graph per k for a step whose trunk chunk is k + 1 tokens a row (every row drafting or stepping plainly),
+        the refresh's width dynamic (a catch-up over skipped steps up to MAX_COMPILED_CHUNK positions); another step
+        (an observation's chunk, a wider catch-up) runs the two verbs' graphs."""
         separate = lambda: super(CompiledSteps, self).spec_step(  # noqa: E731
             model, cache, head_cache, ref_hidden, ref_tokens, ref_count, ids, counts, is_draft, draws, k=k, mode=mode,
             sampling=sampling)
-        if self.failed or not k or ids.shape[1] != k + 1 or ref_hidden.shape[1] != k + 1:
+        width = ref_hidden.shape[1]
+        if self.failed or not k or ids.shape[1] != k + 1 or width > MAX_COMPILED_CHUNK:
             return separate()
         return self.run("step", separate, model, cache, k + 1, ref_hidden, ref_tokens, ref_count, ids, counts,
-                        is_draft, draws, k, mode, sampling, head=(head_cache, 2 * k))  # refresh k + 1, drafts k - 1
+                        is_draft, draws, k, mode, sampling, dynamic_chunk=True,
+                        head=(head_cache, width + k - 1))  # the refresh, then k - 1 drafting forwards
 
     def run(self, name: str, eager, model: CausalLM, cache: KVCache, chunk_len: int, *args,
             dynamic_chunk: bool = False, head: tuple[KVCache, int] | None = None) -> Any:

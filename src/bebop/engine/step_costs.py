@@ -4,13 +4,15 @@
     costs.predict(rows=32, k=3)                       # seconds of one step
     costs.observe(rows=32, k=3, seconds=0.021)        # a measured step refines that prediction
 
-The prior is a profile of the two verbs a step is made of, timed on this machine with this model
-when the engine first needs it (a scratch cache; a few dozen calls), through the very functions the
-engine runs (bebop.engine.compiled: compiled graphs when the model's steps are compiled, so the
-profile also compiles them before decoding starts): the verify over `rows x t` tokens (the trunk, the
-LM head, warps and acceptance; t = 1 for a plain step, k + 1 for k drafts), at every k up to max-k, and
-one drafting forward over `rows` tokens, each over caches made before the timings (a cache's allocation
-is no part of a step). A step with k drafts is predicted as
+The prior is a profile of the steps, timed on this machine with this model when the engine first
+needs it (scratch caches; a few dozen calls), through the very functions the engine runs
+(bebop.engine.compiled: compiled graphs when the model's steps are compiled, so the profile also
+compiles them before decoding starts): the verify over `rows x t` tokens (the trunk, the LM head, warps
+and acceptance; t = 1 for a plain step, k + 1 for k drafts), at every k up to max-k, and, with a head,
+the whole drafting step at every k (its refresh over k + 1 positions, its k drafts, the verify: one graph
+when compiled), each over caches made before the timings (a cache's allocation is no part of a step). A
+step with k drafts is predicted as its profiled whole step; drafts that cost no forward (the rollouts'
+own text) as the verify alone; a table without whole steps as
 
     trunk(rows, k + 1) + k * mtp(rows)     (the refresh over the last step's positions gives depth 1)
 
@@ -66,9 +68,11 @@ def _interp(points: list[tuple[int, float]], x: float) -> float:
 
 
 class StepCosts:
-    def __init__(self, trunk: dict[tuple[int, int], float], mtp: dict[int, float], max_k: int) -> None:
+    def __init__(self, trunk: dict[tuple[int, int], float], mtp: dict[int, float], max_k: int,
+                 step: dict[tuple[int, int], float] | None = None) -> None:
         self.trunk = trunk  # (rows, t) -> seconds of a trunk forward + LM head over rows x t tokens
         self.mtp = mtp  # rows -> seconds of one MTP draft step
+        self.step = step or {}  # (rows, k) -> seconds of a whole drafting step with the head, where profiled
         self.max_k = max_k
         self.log_ratio: dict[tuple[int, bool], float] = {}  # (rows bucket, drafting) -> log(measured / profiled)
         self.measured: Counter[tuple[int, bool]] = Counter()  # steps this process measured (not read) per key
@@ -85,18 +89,21 @@ class StepCosts:
         return {"max_k": self.max_k, "compiled": self.compiled,
                 "trunk": [[r, t, s] for (r, t), s in sorted(self.trunk.items())],
                 "mtp": [[r, s] for r, s in sorted(self.mtp.items())],
+                "step": [[r, k, s] for (r, k), s in sorted(self.step.items())],
                 "log_ratio": [[b, d, v] for (b, d), v in sorted(self.log_ratio.items())]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepCosts:
         costs = cls({(int(r), int(t)): float(s) for r, t, s in data["trunk"]},
-                    {int(r): float(s) for r, s in data["mtp"]}, int(data["max_k"]))
+                    {int(r): float(s) for r, s in data["mtp"]}, int(data["max_k"]),
+                    {(int(r), int(k)): float(s) for r, k, s in data["step"]})
         costs.compiled = bool(data["compiled"])
         costs.log_ratio = {(int(b), bool(d)): float(v) for b, d, v in data["log_ratio"]}
-        seconds = [*costs.trunk.values(), *costs.mtp.values()]
+        seconds = [*costs.trunk.values(), *costs.mtp.values(), *costs.step.values()]
         rows = {r for r, _ in costs.trunk}
         if (not all(math.isfinite(x) and x >= 0 for x in seconds) or not all(map(math.isfinite, costs.log_ratio.values()))
-                or {(r, t) for r in rows for t in range(1, costs.max_k + 2)} - set(costs.trunk)):
+                or {(r, t) for r in rows for t in range(1, costs.max_k + 2)} - set(costs.trunk)
+                or (costs.step and {(r, k) for r in rows for k in range(1, costs.max_k + 1)} - set(costs.step))):
             raise ValueError("a cost table with missing or negative timings")
         return costs
 
@@ -121,11 +128,14 @@ class StepCosts:
         return _interp(sorted(self.mtp.items()), rows)
 
     def profiled(self, rows: int, k: int) -> float:
-        """Profiled seconds of a step: the verify forward and k draft steps (the first is the refresh,
-        whose last position gives depth 1)."""
+        """Profiled seconds of a step: the whole drafting step where it was profiled, else the verify forward and
+        k draft steps (the first is the refresh, whose last position gives depth 1)."""
         key = (rows, k)
         if key not in self._profiled:  # the profile is fixed: interpolate once per (rows, k)
-            self._profiled[key] = self.trunk_s(rows, k + 1) + k * self.mtp_s(rows)
+            if k and self.step:
+                self._profiled[key] = _interp(sorted((r, s) for (r, kk), s in self.step.items() if kk == k), rows)
+            else:
+                self._profiled[key] = self.trunk_s(rows, k + 1) + k * self.mtp_s(rows)
         return self._profiled[key]
 
     def predict(self, rows: int, k: int, lowest: bool = False) -> float:
@@ -219,12 +229,12 @@ def profile_rows(max_rows: int) -> list[int]:
 @decoding()
 def profile(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
             sampling: SamplingParams = SamplingParams(1.0)) -> StepCosts:
-    """Time the verify at every k from 0 (a plain step) to max_k and one drafting forward, at a few row counts,
-    through the functions the engine runs (compiled when the model's steps are: this compiles their graphs
-    before decoding starts, so no decoding step pays for one). The caches are made once per row count, outside
-    the timings: a step allocates none."""
+    """Time the verify at every k from 0 (a plain step) to max_k, one drafting forward and the whole drafting step
+    at every k from 1, at a few row counts, through the functions the engine runs (compiled when the model's steps
+    are: this compiles their graphs before decoding starts, so no decoding step pays for one). The caches are made
+    once per row count, outside the timings: a step allocates none."""
     prepared_steps(model)  # the graphs' packed weight copies made current once, outside the timings, as a run does
-    trunk, mtp = {}, {}
+    trunk, mtp, step = {}, {}, {}
     for rows in profile_rows(max_rows):
         cache = model.new_cache(rows, 2 * PROFILE_CONTEXT + max_k + 1)  # room past the span, as in a run
         for t in range(1, max_k + 2):
@@ -234,7 +244,10 @@ def profile(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
             head = _head_cache(model, rows, PROFILE_CONTEXT, max_k + 1, None)
             mtp[rows] = _best_of(lambda: mtp_step(model, rows, cache=head, mode=mode, sampling=sampling))
             refresh(model, rows, max_k + 1, mode=mode, sampling=sampling)  # its graph compiled, not timed
-    costs = StepCosts(trunk, mtp or {1: 0.0}, max_k)
+            for k in range(1, max_k + 1):
+                step[(rows, k)] = _best_of(lambda: whole_step(model, rows, k, cache=cache, head=head, mode=mode,
+                                                              sampling=sampling))
+    costs = StepCosts(trunk, mtp or {1: 0.0}, max_k, step)
     costs.compiled = is_compiled(model)
     return costs
 
@@ -267,6 +280,28 @@ def trunk_forward(model: CausalLM, rows: int, t: int, context: int = PROFILE_CON
     draws = torch.full((rows, k + 2), 0.5, dtype=torch.float64, device=device)  # (R, k + 2)
     _, host = steps_of(model).verify(model, cache, ids, counts, drafting, drafts, draft_probs, draws, k=k, mode=mode,
                                      sampling=sampling)
+    host.tolist()  # the host read a step pays
+
+
+def whole_step(model: CausalLM, rows: int, k: int, context: int = PROFILE_CONTEXT, *, cache: KVCache,
+               head: KVCache, mode: str = "rs", sampling: SamplingParams = SamplingParams(1.0)) -> None:
+    """One drafting step over `rows` rows with k drafts after `context` cached positions, as the engine runs a
+    decode step (its steps' spec_step: the head's refresh over k + 1 positions, its drafts, the verify over k + 1
+    tokens, the acceptance), ending in the host read. `cache`, `head`: a trunk and a head cache of `rows` rows with
+    room for context + k + 1 and context + 2k positions."""
+    cache.span = context
+    cache.lengths.fill_(context)
+    head = _head_cache(model, rows, context, 2 * k, head)
+    device, width = model.device, k + 1
+    ref_hidden = torch.zeros(rows, width, model.config.hidden_size, dtype=model.dtype, device=device)  # (R, k+1, H)
+    ref_tokens = torch.zeros(rows, width, dtype=torch.long, device=device)  # (R, k+1)
+    ref_count = torch.ones(rows, dtype=torch.long, device=device)  # (R,): the last step's one position, padded
+    ids = torch.zeros(rows, width, dtype=torch.long, device=device)  # (R, k+1)
+    counts = torch.full((rows,), width, dtype=torch.long, device=device)  # (R,)
+    drafting = torch.ones(rows, dtype=torch.bool, device=device)  # (R,)
+    draws = torch.full((rows, 2 * k + 2), 0.5, dtype=torch.float64, device=device)  # (R, 2k + 2)
+    _, host = steps_of(model).spec_step(model, cache, head, ref_hidden, ref_tokens, ref_count, ids, counts, drafting,
+                                        draws, k=k, mode=mode, sampling=sampling)
     host.tolist()  # the host read a step pays
 
 

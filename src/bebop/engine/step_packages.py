@@ -168,7 +168,9 @@ class PackagedGraph:
             return None
         start = time.perf_counter()
         try:
-            with _marked(dynamic()):
+            # no duck shapes: dimensions that happen to be equal in this call (a refresh as wide as the verify's
+            # chunk, a batch as large as the step's draws) stay apart, so a later call where they differ fits
+            with _marked(dynamic()), torch.fx.experimental._config.patch(use_duck_shape=False):
                 entry = self.compiler.aot_compile((args, {}))  # type: ignore[attr-defined]
         except Exception as err:  # dynamo, inductor, the C++ toolchain, or aot_compile's own refusals
             raise CompileFailed(one_line(err)) from err
