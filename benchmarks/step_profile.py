@@ -123,6 +123,9 @@ def instrumented(timers: Timers):
         if hasattr(owner, name):
             saved.append((owner, name, getattr(owner, name)))
             setattr(owner, name, timers.wrap("prefill", getattr(owner, name), starts_step=True, always=True))
+    head_draft = getattr(speculative, "_HEAD_DRAFT", None)  # the engine runs a step whole while _draft is this
+    if head_draft is not None:
+        speculative._HEAD_DRAFT = speculative._draft  # wrapped or not: timing must not change the path
     real_step = RUN.step
 
     def step(run):
@@ -134,6 +137,8 @@ def instrumented(timers: Timers):
         yield
     finally:
         RUN.step = real_step
+        if head_draft is not None:
+            speculative._HEAD_DRAFT = head_draft
         for owner, name, real in reversed(saved):
             setattr(owner, name, real)
 

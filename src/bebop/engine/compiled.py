@@ -12,13 +12,15 @@ not compiled until compile_steps says so), read once per engine call, not per fo
 What compiles, each as one graph (torch.compile's fullgraph) over bebop.model.static_cache's view of the
 preallocated KV cache (views of its used span, written in place), so a graph depends on no host state:
 - plain decoding: the trunk forward over a chunk of at most MAX_COMPILED_CHUNK tokens;
-- a speculative step (engine/spec_step.py): the head's refresh over the positions pending for it (its
-  depth-1 warp and draw), each drafting forward after it (with one head layer, one graph serves every
-  depth), and the verify (the trunk forward over k + 1 tokens, the warps, the plain draw, the RS / TO
-  acceptance, log-probs, entropies, the finiteness check), with the step's uniforms passed in. k is a
-  dynamic dimension of the verify (one graph for k = 0, a plain step of `--k auto`, and one for k = 1,
-  which torch specialises, one for every k from 2) and of the refresh's width, so a fixed K and `--k
-  auto` use the same few graphs: a step is k + 1 graph calls and one host read.
+- a speculative step drafting with the head, whole (engine/spec_step.py's speculative_step): the head's
+  refresh over the positions pending for it (its width dynamic), each drafting forward after it with its
+  warp and draw, and the verify (the trunk forward over k + 1 tokens, the warps, the plain draw, the RS /
+  TO acceptance, log-probs, entropies, the finiteness check), with the step's uniforms passed in: one graph
+  per k over both caches, so a step is one graph call and one host read;
+- the same verbs as graphs of their own, for a step that cannot run whole (another drafter's drafts, a
+  step feeding an observation): the refresh, the drafting forward (with one head layer, one graph serves
+  every depth) and the verify, k a dynamic dimension of it (one graph for k = 0, a plain step of `--k
+  auto`, one for k = 1, which torch specialises, one for every k from 2).
 The batch and span dimensions are dynamic too: one graph serves every live-batch size from 2 up (one
 more for batch 1) and every span, so a step at any batch size, length and k, a run with other prompts
 and every RL step reuse it, with no padding rows. Weights are graph inputs, and the graphs guard on the
