@@ -103,3 +103,20 @@ def test_k_costs_flag():
         DecodeSpec(spec="rs", k=3, k_costs="fixed")
     with pytest.raises(BebopError, match="unknown --k-costs"):
         DecodeSpec(spec="rs", k="auto", k_costs="frozen")
+
+
+def test_a_drafting_step_is_priced_by_its_profiled_whole_step():
+    """With a head the profile times the whole drafting step at every k, and a drafting step is predicted from it
+    (between profiled row counts, linearly), not from verify + k head forwards; a plain step from the verify alone;
+    a kept table carries it, and one whose whole steps miss a k is refused (profiled again)."""
+    trunk = {(r, t): 0.001 * r * t for r in (1, 4) for t in (1, 2, 3)}
+    step = {(1, 1): 0.010, (1, 2): 0.020, (4, 1): 0.040, (4, 2): 0.080}
+    costs = StepCosts(trunk, {1: 0.5, 4: 0.5}, max_k=2, step=step)
+    assert costs.profiled(1, 2) == pytest.approx(0.020) and costs.profiled(2, 1) == pytest.approx(0.020)
+    assert costs.profiled(4, 0) == pytest.approx(0.004)  # plain: the verify of one token
+    assert StepCosts(trunk, {1: 0.5, 4: 0.5}, max_k=2).profiled(1, 2) == pytest.approx(0.003 + 2 * 0.5)
+    again = StepCosts.from_dict(json.loads(json.dumps(costs.to_dict())))
+    assert again.step == step and again.profiled(4, 2) == pytest.approx(0.080)
+    short = {**costs.to_dict(), "step": [[r, k, s] for (r, k), s in step.items() if k == 1]}
+    with pytest.raises(ValueError):
+        StepCosts.from_dict(short)
