@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.fx.experimental import _config as fx_config
 
 import bebop
 from bebop.fileio import atomic_write, atomic_write_text
@@ -170,7 +171,7 @@ class PackagedGraph:
         try:
             # no duck shapes: dimensions that happen to be equal in this call (a refresh as wide as the verify's
             # chunk, a batch as large as the step's draws) stay apart, so a later call where they differ fits
-            with _marked(dynamic()), torch.fx.experimental._config.patch(use_duck_shape=False):
+            with _marked(dynamic()), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
                 entry = self.compiler.aot_compile((args, {}))  # type: ignore[attr-defined]
         except Exception as err:  # dynamo, inductor, the C++ toolchain, or aot_compile's own refusals
             raise CompileFailed(one_line(err)) from err
