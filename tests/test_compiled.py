@@ -90,6 +90,39 @@ def test_graphs_are_reused_across_batch_sizes_and_weight_updates(compiled_model)
     assert [g.token_ids for g in after_update] == [g.token_ids for g in eager]
 
 
+class Schedule:
+    """A stand-in for AdaptiveK that chooses a fixed cycle of k (0: a plain step)."""
+
+    def __init__(self, ks):
+        self.ks, self.at = ks, 0
+
+    def choose(self, rows):
+        self.at += 1
+        return self.ks[(self.at - 1) % len(self.ks)]
+
+    def observe(self, rows, k, seconds, accepted):
+        pass
+
+
+def test_a_catch_up_over_many_plain_steps_runs_in_the_whole_step(spec_model, compiled_model):
+    """Plain steps leave their positions waiting for the head; the next drafting step refreshes all of them in the
+    whole step's graph (the refresh's width is dynamic), however many: no verb runs and no graph is compiled for a
+    catch-up wider than any before, and the output is plain greedy."""
+    prompts = ids_of(PROMPTS)
+    ref = generate(spec_model, prompts, max_new_tokens=40, sampling=GREEDY, stop_ids=[EOS])
+
+    def decode(ks):
+        return speculative_generate(compiled_model, prompts, k="auto", max_k=3, mode="rs", max_new_tokens=40,
+                                    sampling=GREEDY, stop_ids=[EOS], controller=Schedule(ks))[0]
+
+    decode([3])  # the whole step of k = 3 and the plain step compiled
+    steps, before = compiled.compiled_steps(compiled_model), unique_graphs()
+    verbs = steps.calls["refresh"] + steps.calls["draft"]
+    gens = decode([3] + [0] * 12)  # catch-ups of 13 positions a row
+    assert [g.token_ids for g in gens] == [g.token_ids for g in ref]
+    assert unique_graphs() == before and steps.calls["refresh"] + steps.calls["draft"] == verbs
+
+
 def test_a_failed_compile_says_so_once_and_decodes_eagerly(tiny_model_dir):
     """In a process of its own: inductor keeps what it found of the C++ toolchain for the process's life."""
     no_compiler = ("import sys, torch; torch._inductor.config.cpp.cxx = ('/nonexistent/c++',); "
@@ -263,7 +296,9 @@ def test_auto_profiles_through_the_compiled_steps_and_decodes_without_compiling(
     costs = step_costs(model, max_rows=len(prompts), max_k=2)
     assert costs.compiled and compiled.compile_seconds(model) > 0 and set(costs.step) == {(1, 1), (1, 2), (4, 1),
                                                                                           (4, 2), (6, 1), (6, 2)}
-    costs.step.clear()  # priced as verify + k head forwards: on this tiny model a whole step may never be chosen
+    assert set(costs.trunk) == {(1, 1), (4, 1), (6, 1)}  # no verify with drafts: this run's drafts are the head's
+    costs.step = {key: costs.trunk[(key[0], 1)] for key in costs.step}  # drafting priced as a plain step: on this
+    # tiny model a whole step may be dear enough that drafting is never chosen, and both kinds must run
     assert costs.table is not None and costs.table.parent.parent == step_packages.store_root()  # kept for later
     before = unique_graphs(), compiled.compile_seconds(model)
     steps = compiled.compiled_steps(model)

@@ -14,7 +14,7 @@ from bebop.engine import speculative
 from bebop.engine import step_costs as costs_module
 from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.speculative import speculative_generate
-from bebop.engine.step_costs import StepCosts, step_costs
+from bebop.engine.step_costs import StepCosts, drafter_costs, step_costs
 from bebop.errors import BebopError
 from bebop.sampling import SamplingParams
 
@@ -61,6 +61,24 @@ def test_a_table_that_cannot_serve_the_run_or_be_read_is_profiled_again(spec_mod
     assert profiled == [2, len(PROMPTS)] + [len(PROMPTS)] * 3
 
 
+def test_a_head_run_profiles_its_own_steps_and_a_text_run_the_verify_with_drafts(spec_model, monkeypatch):
+    """A run drafting with the head times (and compiles) a plain step and the whole drafting step at every k, not the
+    verify with drafts or the head's two verbs, which only a run drafting from the rollouts' text calls; such a run
+    profiles again, and its fuller table then serves a head run too."""
+    model = copy.deepcopy(spec_model)
+    head = drafter_costs(model, "mtp", max_rows=2, max_k=2, mode="rs", sampling=SamplingParams(1.0))
+    assert set(head.trunk) == {(1, 1), (2, 1)} and set(head.step) == {(r, k) for r in (1, 2) for k in (1, 2)}
+    assert not head.verifies_drafts and StepCosts.from_dict(head.to_dict()).to_dict() == head.to_dict()
+    both = drafter_costs(model, "both", max_rows=2, max_k=2, mode="rs", sampling=SamplingParams(1.0))
+    assert both is not head and set(both.trunk) == {(r, t) for r in (1, 2) for t in (1, 2, 3)}
+    assert both.step and all(s > 0 for s in both.mtp.values())
+    monkeypatch.setattr(costs_module, "profile", no_profile)
+    assert drafter_costs(model, "mtp", max_rows=2, max_k=2, mode="rs", sampling=SamplingParams(1.0)) is both
+    text = drafter_costs(model, "suffix", max_rows=2, max_k=2, mode="rs", sampling=SamplingParams(1.0))
+    assert not text.step and set(text.mtp.values()) == {0.0} and text.trunk == both.trunk  # drafts cost no forward
+    assert text.predict(2, 2) > text.predict(2, 0)
+
+
 def test_other_sampling_and_eager_steps_keep_their_own_tables(spec_model, as_compiled, monkeypatch):
     t1 = step_costs(copy.deepcopy(spec_model), max_rows=2, max_k=2, sampling=SamplingParams(1.0)).table
     t2 = step_costs(copy.deepcopy(spec_model), max_rows=2, max_k=2, sampling=SamplingParams(1.0, top_k=5)).table
@@ -89,9 +107,9 @@ def test_a_fixed_table_makes_a_rerun_choose_and_sample_the_same(spec_model, monk
     for _ in range(2):
         model = copy.deepcopy(spec_model)  # a new process's model: its costs read from the table
         costs = step_costs(model, max_rows=len(PROMPTS), max_k=4)
-        if not runs:  # drafting priced as verify + k head forwards (a table without whole steps), kept for the rerun:
-            costs.step.clear()  # this tiny model's whole drafting step can be dear enough that drafting is never
-            costs.save()  # chosen, and both kinds must be here
+        if not runs:  # a drafting step priced as a plain one, kept for the rerun: this tiny model's whole drafting
+            costs.step = {key: costs.trunk[(key[0], 1)] for key in costs.step}  # step can be dear enough that
+            costs.save()  # drafting is never chosen, and both kinds must be here
         controller = AdaptiveK(4, costs, refine=False)
         gens, metrics = speculative_generate(model, ids_of(PROMPTS), k="auto", max_k=4, mode="rs", max_new_tokens=40,
                                              sampling=SamplingParams(1.0), stop_ids=[EOS], controller=controller,

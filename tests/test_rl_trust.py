@@ -125,7 +125,7 @@ class FixedCosts(StepCosts):
 @pytest.fixture()
 def fixed_costs(monkeypatch):
     trunk = {(rows, t): 1.0 + 0.02 * t for rows in (1, 8) for t in range(1, 8)}
-    monkeypatch.setattr("bebop.decoding.step_costs", lambda model, max_rows, max_k, **_: FixedCosts(
+    monkeypatch.setattr("bebop.engine.step_costs.step_costs", lambda model, max_rows, max_k, **_: FixedCosts(
         trunk, {1: 0.05, 8: 0.05}, max_k))
 
 

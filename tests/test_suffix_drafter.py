@@ -188,7 +188,9 @@ def headed_model(request, spec_model):
     return on_path(spec_model, request.param)
 
 
-@pytest.mark.parametrize("k", [2, "auto"])
+@pytest.mark.parametrize("headed_model,k", [("float32", 2), ("float32", "auto"), ("compiled", 2),
+                                            pytest.param("compiled", "auto", marks=pytest.mark.slow)],
+                         indirect=["headed_model"])
 def test_both_drafters_keep_greedy_output(headed_model, k):
     """--drafter both, T=0: equal to plain greedy; with a fixed k the second call's long history matches replace most
     of the random head's drafts, so far more are accepted than with the head alone."""

@@ -27,7 +27,7 @@ from bebop.engine.compiled import COMPILE_CHOICES, check_compile, compile_second
 from bebop.engine.metrics import SpecMetrics
 from bebop.engine.names import ROLLOUT_ENGINES
 from bebop.engine.speculative import AUTO, DEFAULT_MAX_K, check_drafter, check_spec_flags, parse_k, speculative_rollout_fn
-from bebop.engine.step_costs import step_costs, without_head
+from bebop.engine.step_costs import drafter_costs
 from bebop.engine.suffix_drafter import DRAFTERS
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
@@ -142,9 +142,8 @@ def auto_controller(model: CausalLM, spec: DecodeSpec, rows: int, sampling: Samp
     compile first), else None."""
     if spec.k != AUTO or not spec.drafts:
         return None
-    costs = step_costs(model, max_rows=rows, max_k=spec.max_k, mode=spec.spec, sampling=sampling)
-    return AdaptiveK(spec.max_k, without_head(costs) if spec.drafter == "suffix" else costs,
-                     refine=spec.k_costs == "measured")
+    costs = drafter_costs(model, spec.drafter, max_rows=rows, max_k=spec.max_k, mode=spec.spec, sampling=sampling)
+    return AdaptiveK(spec.max_k, costs, refine=spec.k_costs == "measured")
 
 
 @dataclass

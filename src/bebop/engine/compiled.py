@@ -16,7 +16,8 @@ preallocated KV cache (views of its used span, written in place), so a graph dep
   refresh over the positions pending for it (its width dynamic), each drafting forward after it with its
   warp and draw, and the verify (the trunk forward over k + 1 tokens, the warps, the plain draw, the RS /
   TO acceptance, log-probs, entropies, the finiteness check), with the step's uniforms passed in: one graph
-  per k over both caches, so a step is one graph call and one host read;
+  per k over both caches, so a step is one graph call and one host read (a catch-up over any number of
+  plain steps before it included);
 - the same verbs as graphs of their own, for a step that cannot run whole (another drafter's drafts, a
   step feeding an observation): the refresh, the drafting forward (with one head layer, one graph serves
   every depth) and the verify, k a dynamic dimension of it (one graph for k = 0, a plain step of `--k
@@ -29,7 +30,7 @@ same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticVie
 states are selected in place, and what a chunk staged for a rollback comes back from the graph); its
 recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it, and on a
 CPU it runs compiled only up to HYBRID_MAX_ROWS live rows. What stays eager (the same functions, uncompiled): a
-prefill, a catch-up refresh wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid
+prefill, a verbs' catch-up refresh wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid
 cache's rollback.
 
 Each graph is compiled ahead of time and saved (engine/step_packages.py: a store keyed by the model's kind,
@@ -269,13 +270,13 @@ class CompiledSteps(EagerSteps):
                   is_draft: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
                   sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         """One graph per k for a step whose trunk chunk is k + 1 tokens a row (every row drafting or stepping plainly),
-        the refresh's width dynamic (a catch-up over skipped steps up to MAX_COMPILED_CHUNK positions); another step
-        (an observation's chunk, a wider catch-up) runs the two verbs' graphs."""
+        the refresh's width dynamic (a catch-up over any number of skipped steps); another step (an observation's
+        chunk) runs the two verbs."""
         separate = lambda: super(CompiledSteps, self).spec_step(  # noqa: E731
             model, cache, head_cache, ref_hidden, ref_tokens, ref_count, ids, counts, is_draft, draws, k=k, mode=mode,
             sampling=sampling)
         width = ref_hidden.shape[1]
-        if self.failed or not k or ids.shape[1] != k + 1 or width > MAX_COMPILED_CHUNK:
+        if self.failed or not k or ids.shape[1] != k + 1:
             return separate()
         return self.run("step", separate, model, cache, k + 1, ref_hidden, ref_tokens, ref_count, ids, counts,
                         is_draft, draws, k, mode, sampling, dynamic_chunk=True,

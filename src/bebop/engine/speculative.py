@@ -43,7 +43,7 @@ from bebop.engine.records import Generation
 from bebop.engine.refresh_log import RefreshLog
 from bebop.engine.rows import Observer, RowBook
 from bebop.engine.spec_step import step_draws
-from bebop.engine.step_costs import step_costs, without_head
+from bebop.engine.step_costs import drafter_costs
 from bebop.engine.suffix_drafter import DRAFTERS, MIN_MATCH, SourceChooser, SuffixDrafter, index_for, point_mass_drafts
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
@@ -124,8 +124,8 @@ def speculative_generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, k
         model.require_mtp()
     check_prompts(prompts, model.config.max_position_embeddings, model.config.vocab_size)
     if k == AUTO and controller is None:
-        costs = step_costs(model, max_rows=len(prompts), max_k=max_k, mode=mode, sampling=sampling)
-        controller = AdaptiveK(max_k, without_head(costs) if drafter == "suffix" else costs)
+        controller = AdaptiveK(max_k, drafter_costs(model, drafter, max_rows=len(prompts), max_k=max_k, mode=mode,
+                                                    sampling=sampling))
     run = _SpeculativeRun(model, prompts, k=max_k if isinstance(k, str) else k, mode=mode, max_new_tokens=max_new_tokens,
                sampling=sampling, stop_ids=stop_ids, generator=generator, pad_id=pad_id, observer=observer,
                interrupt_ids=interrupt_ids, max_observation_tokens=max_observation_tokens,

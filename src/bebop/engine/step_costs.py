@@ -7,10 +7,12 @@
 The prior is a profile of the steps, timed on this machine with this model when the engine first
 needs it (scratch caches; a few dozen calls), through the very functions the engine runs
 (bebop.engine.compiled: compiled graphs when the model's steps are compiled, so the profile also
-compiles them before decoding starts): the verify over `rows x t` tokens (the trunk, the LM head, warps
-and acceptance; t = 1 for a plain step, k + 1 for k drafts), at every k up to max-k, and, with a head,
-the whole drafting step at every k (its refresh over k + 1 positions, its k drafts, the verify: one graph
-when compiled), each over caches made before the timings (a cache's allocation is no part of a step). A
+compiles them before decoding starts): a plain step (the trunk over one token a row, the LM head, warp and
+draw) and, with a head, the whole drafting step at every k up to max-k (its refresh over k + 1 positions,
+its k drafts, the verify: one graph when compiled); where drafts may come from the rollouts' text, also
+the verify over `rows x (k + 1)` tokens at every k and the head's drafting forward. Each runs over caches
+made before the timings (a cache's allocation is no part of a step), and only what the run will call is
+timed, so a compiled profile compiles no graph the run does not need. A
 step with k drafts is predicted as its profiled whole step; drafts that cost no forward (the rollouts'
 own text) as the verify alone; a table without whole steps as
 
@@ -81,9 +83,17 @@ class StepCosts:
         self.compiled = False  # profiled through compiled steps
         self.table: Path | None = None  # where `save` keeps it (the compile store), else not kept
 
-    def covers(self, max_rows: int, max_k: int, compiled: bool) -> bool:
-        """Whether this profile serves a run of up to `max_rows` rows and `max_k` drafts on these steps."""
-        return self.max_k >= max_k and max(r for r, _ in self.trunk) >= max_rows and self.compiled == compiled
+    @property
+    def verifies_drafts(self) -> bool:
+        """Whether the verify was profiled with drafts (k >= 1), not only as a plain step: what drafts that are no
+        whole step with the head (the rollouts' text) are priced by."""
+        return any(t > 1 for _, t in self.trunk)
+
+    def covers(self, max_rows: int, max_k: int, compiled: bool, text_drafts: bool = False) -> bool:
+        """Whether this profile serves a run of up to `max_rows` rows and `max_k` drafts on these steps; `text_drafts`:
+        a run whose drafts may come from the rollouts' text (then the verify with drafts must be profiled)."""
+        return (self.max_k >= max_k and max(r for r, _ in self.trunk) >= max_rows and self.compiled == compiled
+                and (self.verifies_drafts or not text_drafts))
 
     def to_dict(self) -> dict[str, Any]:
         return {"max_k": self.max_k, "compiled": self.compiled,
@@ -101,8 +111,10 @@ class StepCosts:
         costs.log_ratio = {(int(b), bool(d)): float(v) for b, d, v in data["log_ratio"]}
         seconds = [*costs.trunk.values(), *costs.mtp.values(), *costs.step.values()]
         rows = {r for r, _ in costs.trunk}
+        widths = range(1, costs.max_k + 2) if costs.verifies_drafts else range(1, 2)
         if (not all(math.isfinite(x) and x >= 0 for x in seconds) or not all(map(math.isfinite, costs.log_ratio.values()))
-                or {(r, t) for r in rows for t in range(1, costs.max_k + 2)} - set(costs.trunk)
+                or {(r, t) for r in rows for t in widths} - set(costs.trunk)
+                or (not costs.step and not costs.verifies_drafts)
                 or (costs.step and {(r, k) for r in rows for k in range(1, costs.max_k + 1)} - set(costs.step))):
             raise ValueError("a cost table with missing or negative timings")
         return costs
@@ -184,20 +196,31 @@ _CACHE: "weakref.WeakKeyDictionary[CausalLM, StepCosts]" = weakref.WeakKeyDictio
 
 
 def step_costs(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
-               sampling: SamplingParams = SamplingParams(1.0)) -> StepCosts:
-    """The model's profiled costs (cached per model object; re-profiled for a larger batch or K, or once its
-    steps are compiled; read from and kept in the compile store). `mode`, `sampling`: the run's, so that a
-    compiled profile warms the graphs it will use."""
+               sampling: SamplingParams = SamplingParams(1.0), text_drafts: bool = False) -> StepCosts:
+    """The model's profiled costs (cached per model object; re-profiled for a larger batch or K, for drafts from the
+    text, or once its steps are compiled; read from and kept in the compile store). `mode`, `sampling`: the run's,
+    so that a compiled profile warms the graphs it will use; `text_drafts`: drafts may come from the rollouts'
+    text (the verify with drafts is profiled, and the head's two verbs where there is a head)."""
     costs, compiled = _CACHE.get(model), is_compiled(model)
-    if costs is None or not costs.covers(max_rows, max_k, compiled):
+    if costs is None or not costs.covers(max_rows, max_k, compiled, text_drafts):
         table = kind_file(model, f"costs-{mode}-{'compiled' if compiled else 'eager'}", repr(sampling), ".json")
         costs = load_costs(table)
-        if costs is None or not costs.covers(max_rows, max_k, compiled):
-            costs = profile(model, max_rows=max_rows, max_k=max_k, mode=mode, sampling=sampling)
+        if costs is None or not costs.covers(max_rows, max_k, compiled, text_drafts):
+            costs = profile(model, max_rows=max_rows, max_k=max_k, mode=mode, sampling=sampling,
+                            text_drafts=text_drafts or model.mtp is None)
             costs.table = table
             costs.save()
         _CACHE[model] = costs
     return costs
+
+
+def drafter_costs(model: CausalLM, drafter: str, *, max_rows: int, max_k: int, mode: str,
+                  sampling: SamplingParams) -> StepCosts:
+    """The costs `--k auto` prices a run of `drafter` ("mtp", "suffix", "both") by: the head's whole drafting steps,
+    the verify with drafts that cost no forward (the text's), or both."""
+    costs = step_costs(model, max_rows=max_rows, max_k=max_k, mode=mode, sampling=sampling,
+                       text_drafts=drafter != "mtp")
+    return without_head(costs) if drafter == "suffix" else costs
 
 
 def load_costs(table: Path) -> StepCosts | None:
@@ -228,22 +251,25 @@ def profile_rows(max_rows: int) -> list[int]:
 @torch.inference_mode()
 @decoding()
 def profile(model: CausalLM, *, max_rows: int, max_k: int, mode: str = "rs",
-            sampling: SamplingParams = SamplingParams(1.0)) -> StepCosts:
-    """Time the verify at every k from 0 (a plain step) to max_k, one drafting forward and the whole drafting step
-    at every k from 1, at a few row counts, through the functions the engine runs (compiled when the model's steps
-    are: this compiles their graphs before decoding starts, so no decoding step pays for one). The caches are made
-    once per row count, outside the timings: a step allocates none."""
+            sampling: SamplingParams = SamplingParams(1.0), text_drafts: bool = True) -> StepCosts:
+    """Time a plain step and, with a head, the whole drafting step at every k from 1 to max_k, at a few row counts,
+    through the functions the engine runs (compiled when the model's steps are: this compiles their graphs before
+    decoding starts, so no decoding step pays for one). `text_drafts`: also the verify at every k (drafts from the
+    rollouts' text) and, with a head, one drafting forward and its refresh (the two verbs a step mixing the head's
+    drafts with the text's runs). The caches are made once per row count, outside the timings: a step allocates
+    none."""
     prepared_steps(model)  # the graphs' packed weight copies made current once, outside the timings, as a run does
     trunk, mtp, step = {}, {}, {}
     for rows in profile_rows(max_rows):
         cache = model.new_cache(rows, 2 * PROFILE_CONTEXT + max_k + 1)  # room past the span, as in a run
-        for t in range(1, max_k + 2):
+        for t in range(1, max_k + 2 if text_drafts else 2):
             trunk[(rows, t)] = _best_of(lambda: trunk_forward(model, rows, t, cache=cache, mode=mode,
                                                               sampling=sampling))
         if model.mtp is not None:
             head = _head_cache(model, rows, PROFILE_CONTEXT, max_k + 1, None)
-            mtp[rows] = _best_of(lambda: mtp_step(model, rows, cache=head, mode=mode, sampling=sampling))
-            refresh(model, rows, max_k + 1, mode=mode, sampling=sampling)  # its graph compiled, not timed
+            if text_drafts:
+                mtp[rows] = _best_of(lambda: mtp_step(model, rows, cache=head, mode=mode, sampling=sampling))
+                refresh(model, rows, max_k + 1, mode=mode, sampling=sampling)  # its graph compiled, not timed
             for k in range(1, max_k + 1):
                 step[(rows, k)] = _best_of(lambda: whole_step(model, rows, k, cache=cache, head=head, mode=mode,
                                                               sampling=sampling))
