@@ -72,3 +72,30 @@ def test_keep_gathers_the_used_span_and_zeroes_the_rest():
         assert torch.equal(kept[:, :, :9], full.index_select(0, rows)[:, :, :9])
         assert not kept[:, :, 9:].any()
     assert cache.lengths.tolist() == [9, 3, 5] and cache.span == 9
+
+
+def test_compact_moves_the_kept_rows_down_in_place():
+    """A live batch's finished rows leave: each kept row's used positions (< span) move down within the same
+    buffers (no new storage, nothing zeroed), equal to a gather of those rows; only ascending rows are a
+    compaction."""
+    import pytest
+
+    from bebop.model.kv_cache import KVCache
+
+    cache = KVCache(3, 6, 2, 4, 20, dtype=torch.float32, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    for t in cache.k + cache.v:  # (B, Hkv, S, Dh) per layer
+        t.normal_(generator=gen)
+    full = [t.clone() for t in cache.k + cache.v]
+    storage = [t.untyped_storage().data_ptr() for t in cache.k + cache.v]
+    cache.lengths.copy_(torch.tensor([3, 7, 1, 9, 2, 5]))
+    rows = [0, 1, 3, 5]  # rows 2 and 4 finished
+    cache.compact(rows, span=9)
+    for kept, before, ptr in zip(cache.k + cache.v, full, storage):
+        assert kept.shape == (4, 2, 20, 4) and kept.untyped_storage().data_ptr() == ptr
+        assert torch.equal(kept[:, :, :9], before[rows][:, :, :9])
+        assert torch.isfinite(kept).all()
+    assert cache.lengths.tolist() == [3, 7, 9, 5] and cache.span == 9 and cache.batch_size == 4
+    for bad in ([1, 0], [2, 2], [3, 6]):
+        with pytest.raises(AssertionError):
+            cache.compact(bad, span=9)

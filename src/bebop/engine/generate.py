@@ -130,5 +130,5 @@ def _leave_finished(book: RowBook, live: list[int], lengths: list[int], cache) -
         return live, lengths
     lengths = [lengths[i] for i in keep]
     if keep:
-        cache.keep(torch.tensor(keep, dtype=torch.long, device=cache.lengths.device), span=max(lengths))
+        cache.compact(keep, span=max(lengths))
     return [live[i] for i in keep], lengths

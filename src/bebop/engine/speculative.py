@@ -389,7 +389,6 @@ class _SpeculativeRun:
         self.mtp_len = [self.mtp_len[i] for i in keep]
         self.log.keep(keep)
         if keep:
-            index = torch.tensor(keep, dtype=torch.long, device=self.model.device)
-            self.cache.keep(index, span=max(self.trunk_len))
+            self.cache.compact(keep, span=max(self.trunk_len))
             if self.mtp_cache is not None:
-                self.mtp_cache.keep(index, span=max(self.mtp_len))
+                self.mtp_cache.compact(keep, span=max(self.mtp_len))

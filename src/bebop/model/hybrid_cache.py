@@ -163,7 +163,7 @@ class HybridCache(KVCache):
         self.base[dst] = self.lengths[dst]
         self.taken[dst] = 0
 
-    def keep(self, rows: torch.Tensor, span: int) -> None:
-        super().keep(rows, span)
+    def _keep_rows(self, rows: torch.Tensor) -> None:
+        super()._keep_rows(rows)
         self.linear.keep(rows)
         self.base, self.taken = self.base.index_select(0, rows), self.taken.index_select(0, rows)

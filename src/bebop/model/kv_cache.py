@@ -76,12 +76,34 @@ class KVCache:
         self.span = int(lengths.max()) if span is None else span
 
     def keep(self, rows: torch.Tensor, span: int) -> None:
-        """Keep only the cache rows `rows` (R,) (indices into the current batch, in the new order);
+        """Keep only the cache rows `rows` (R,) (indices into the current batch, in the new order, repeats allowed);
         `span`: a bound on the kept rows' max length (host-known)."""
         self.k = [keep_span(k, rows, span) for k in self.k]  # (R, Hkv, S, Dh) per layer
         self.v = [keep_span(v, rows, span) for v in self.v]
-        self.lengths = self.lengths.index_select(0, rows)  # (R,)
+        self._keep_rows(rows)
         self.span = span
+
+    def compact(self, rows: list[int], span: int) -> None:
+        """Keep only the rows `rows` (ascending positions in the current batch: a live batch whose finished rows
+        leave), each moved down in place over its used positions (< span, a host-known bound): no new buffers, no
+        zeroing, and the rows before the first that left are not copied. Positions past a row's length keep what
+        the buffer held there (finite values an earlier row wrote, or zeros): attention reads them only masked."""
+        n = len(rows)
+        assert all(a < b for a, b in zip(rows, rows[1:])) and (not rows or 0 <= rows[0] and rows[-1] < self.batch_size)
+        index = torch.tensor(rows, dtype=torch.long, device=self.lengths.device)  # (R,)
+        first = next((i for i, row in enumerate(rows) if row != i), n)  # rows before it stay where they are
+        if first < n:
+            moved = index[first:]  # (R - first,), each >= its destination: a gather, then the copy down
+            for buffer in self.k + self.v:
+                buffer[first:n, :, :span] = buffer[:, :, :span].index_select(0, moved)
+        self.k = [k[:n] for k in self.k]  # (R, Hkv, S, Dh) views of the same storage
+        self.v = [v[:n] for v in self.v]
+        self._keep_rows(index)
+        self.span = span
+
+    def _keep_rows(self, rows: torch.Tensor) -> None:
+        """The per-row state beside the keys and values, for the rows `rows` (R,)."""
+        self.lengths = self.lengths.index_select(0, rows)  # (R,)
 
     def copy_rows(self, source: KVCache, sources: list[int], targets: list[int], width: int) -> None:
         """Rows `targets` of this cache become rows `sources` of `source` (their first `width` positions and
