@@ -19,7 +19,9 @@ cannot be read (another torch, a truncated write) are removed and compiled again
 written leaves the graphs in memory for this process only.
 
 Dynamic dimensions (the batch, the span, k) are marked on the inputs only while a graph compiles: a saved
-guard checks a tensor's markings against none, so a call's inputs go in unmarked.
+guard checks a tensor's markings against none, so a call's inputs go in unmarked. Loading a graph's kernels
+makes inductor check the CPU's vector instruction sets, which engine/isa_check.py answers from a record once
+one process on this machine has checked them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 from torch.fx.experimental import _config as fx_config
 
 import bebop
+from bebop.engine.isa_check import isa_checked
 from bebop.fileio import atomic_write, atomic_write_text
 
 STORE_ENV = "BEBOP_COMPILE_CACHE"
@@ -193,7 +196,8 @@ class PackagedGraph:
         out = []
         for path in sorted(self.folder.glob(f"{name}-*{SUFFIX}")):
             try:
-                entry = AOTCompiledFunction.deserialize(path.read_bytes())
+                with isa_checked(store_root()):  # loading the kernels asks which instruction sets this CPU runs
+                    entry = AOTCompiledFunction.deserialize(path.read_bytes())
             except Exception:  # another torch's or a truncated file: compiled again when needed
                 with contextlib.suppress(OSError):
                     path.unlink()
