@@ -62,7 +62,7 @@ from bebop.model.kv_cache import KVCache
 from bebop.model.packed_linear import prepare_graphs
 from bebop.model.qwen3 import CausalLM
 from bebop.model.rope import rope_table
-from bebop.model.static_cache import HybridStaticView, StaticView
+from bebop.model.static_cache import HybridStaticView, StaticView, same_rows
 from bebop.sampling import SamplingParams
 
 COMPILE_CHOICES = ("auto", "on", "off")
@@ -184,17 +184,21 @@ def _staged(view: StaticView):
 
 def _trunk(model: CausalLM, k, v, lengths, rope, linear, ids: torch.Tensor, counts: torch.Tensor):
     view = _view(k, v, lengths, rope, linear)
+    same_rows(lengths, [ids, counts])
     return model(ids, view, counts), _staged(view)
 
 
 def _refresh(model: CausalLM, k, v, lengths, rope, linear, *args):
     *tensors, mode, sampling = args
-    return draft_refresh(model, _view(k, v, lengths, rope, linear), *tensors, mode=mode, sampling=sampling), None
+    view = _view(k, v, lengths, rope, linear)
+    same_rows(lengths, tensors)
+    return draft_refresh(model, view, *tensors, mode=mode, sampling=sampling), None
 
 
 def _draft(model: CausalLM, k, v, lengths, rope, linear, *args):
     *tensors, depth, mode, sampling = args
     view = _view(k, v, lengths, rope, linear)
+    same_rows(lengths, tensors)
     return draft_next(model, view, *tensors, depth=depth, mode=mode, sampling=sampling), None
 
 
@@ -202,6 +206,7 @@ def _verify(model: CausalLM, k, v, lengths, rope, linear, *args):
     *tensors, mode, sampling = args
     drafts = tensors[3]  # (R, k): k is its width, dynamic from 2 up
     view = _view(k, v, lengths, rope, linear)
+    same_rows(lengths, tensors)
     return verify(model, view, *tensors, k=drafts.shape[1], mode=mode, sampling=sampling), _staged(view)
 
 
@@ -209,6 +214,7 @@ def _step(model: CausalLM, k, v, lengths, rope, linear, head_k, head_v, head_len
     """A whole speculative step (spec_step.speculative_step) over the trunk's and the head's caches: one graph per k."""
     *tensors, drafts_k, mode, sampling = args
     view, head = _view(k, v, lengths, rope, linear), StaticView(head_k, head_v, head_lengths, rope)
+    same_rows(lengths, [head_lengths, *tensors])
     return speculative_step(model, view, head, *tensors, k=drafts_k, mode=mode, sampling=sampling), _staged(view)
 
 

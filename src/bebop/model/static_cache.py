@@ -24,6 +24,15 @@ from bebop.model.hybrid_cache import LinearStates
 from bebop.model.kv_cache import KVCache
 
 
+def same_rows(lengths: torch.Tensor, tensors) -> None:
+    """Tell a graph being traced that every tensor in `tensors` has the rows of `lengths` (B,) in dimension 0. A
+    dynamic dimension is one symbol per tensor unless the graph knows its equal to another, and every symbol is
+    an argument of every call and a guard of it: told, the batch is one symbol however many tensors carry it."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dim():
+            torch._check(t.shape[0] == lengths.shape[0])
+
+
 class StaticView(KVCache):
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -32,6 +41,11 @@ class StaticView(KVCache):
         self.lengths = lengths  # (B,), updated in place
         self.capacity = k[0].shape[2]
         self.rope = rope  # cos, sin (N, Dr), N >= the cache's capacity
+        same_rows(lengths, k + v)
+        for t in k[1:] + v:  # one span and one buffer layout in the graph, not one per layer
+            torch._check(t.shape[2] == self.capacity)
+            for dim in range(2):  # the buffer's capacity, in its strides
+                torch._check(t.stride(dim) == k[0].stride(dim))
 
     def rope_table(self, rotary_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rope
@@ -57,6 +71,7 @@ class HybridStaticView(StaticView):
                  rope: tuple[torch.Tensor, torch.Tensor], conv: list[torch.Tensor], recurrent: list[torch.Tensor],
                  base: torch.Tensor, taken: torch.Tensor) -> None:
         super().__init__(k, v, lengths, rope)
+        same_rows(lengths, [*conv, *recurrent, base, taken])
         self.linear = LinearStates(conv, recurrent)
         self.base, self.taken = base, taken  # (B,) each, updated in place
 
