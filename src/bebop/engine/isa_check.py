@@ -1,6 +1,6 @@
 """Inductor's check of the CPU's vector instruction sets, remembered from one process to the next.
 
-    with isa_checked():      # around loading saved graphs: inductor is told what an earlier process found
+    with isa_checked(store):   # around loading saved graphs: inductor is told what an earlier process found
         ...
 
 Before a process loads its first compiled CPU kernel, inductor checks each vector instruction set the CPU
@@ -15,6 +15,7 @@ is kept, and inductor checks in every process as before.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -28,8 +29,10 @@ import torch
 from bebop.fileio import atomic_write_text
 
 
+@functools.cache
 def _machine() -> dict | None:
-    """What the check's outcome depends on, or None where inductor makes no such check (not an x86 CPU)."""
+    """What the check's outcome depends on, or None where inductor makes no such check (not an x86 CPU); read once
+    a process (graphs are loaded key by key)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
     from torch._inductor import cpp_builder, cpu_vec_isa

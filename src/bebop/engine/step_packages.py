@@ -194,17 +194,17 @@ class PackagedGraph:
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
         out = []
-        for path in sorted(self.folder.glob(f"{name}-*{SUFFIX}")):
-            try:
-                with isa_checked(store_root()):  # loading the kernels asks which instruction sets this CPU runs
+        with isa_checked(store_root()):  # loading the kernels asks which instruction sets this CPU runs
+            for path in sorted(self.folder.glob(f"{name}-*{SUFFIX}")):
+                try:
                     entry = AOTCompiledFunction.deserialize(path.read_bytes())
-            except Exception:  # another torch's or a truncated file: compiled again when needed
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                continue
-            entry.disable_guard_check()
-            out.append(entry)
-            self.loaded += 1
+                except Exception:  # another torch's or a truncated file: compiled again when needed
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                    continue
+                entry.disable_guard_check()
+                out.append(entry)
+                self.loaded += 1
         return out
 
     def _save(self, name: str, entry: Any) -> None:

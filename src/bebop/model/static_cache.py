@@ -26,7 +26,7 @@ from bebop.model.kv_cache import KVCache
 
 def same_rows(lengths: torch.Tensor, tensors) -> None:
     """Tell a graph being traced that every tensor in `tensors` has the rows of `lengths` (B,) in dimension 0. A
-    dynamic dimension is one symbol per tensor unless the graph knows its equal to another, and every symbol is
+    dynamic dimension is one symbol per tensor unless the graph knows it is equal to another, and every symbol is
     an argument of every call and a guard of it: told, the batch is one symbol however many tensors carry it."""
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.dim():
