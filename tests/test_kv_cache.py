@@ -74,12 +74,13 @@ def test_keep_gathers_the_used_span_and_zeroes_the_rest():
     assert cache.lengths.tolist() == [9, 3, 5] and cache.span == 9
 
 
-def test_compact_moves_the_kept_rows_down_in_place():
-    """A live batch's finished rows leave: each kept row's used positions (< span) move down within the same
-    buffers (no new storage, nothing zeroed), equal to a gather of those rows; only ascending rows are a
-    compaction."""
+def test_compact_moves_only_the_rows_that_fill_the_places_of_those_that_left():
+    """A live batch's finished rows leave: kept rows from the batch's end move into their places over the used
+    positions (< span), within the same buffers (no new storage, nothing zeroed), equal to a gather of the rows in
+    their new order; rows that stay are not copied; an order that moves a row below the kept count is refused."""
     import pytest
 
+    from bebop.engine.generate import fill_from_end
     from bebop.model.kv_cache import KVCache
 
     cache = KVCache(3, 6, 2, 4, 20, dtype=torch.float32, device="cpu")
@@ -89,13 +90,15 @@ def test_compact_moves_the_kept_rows_down_in_place():
     full = [t.clone() for t in cache.k + cache.v]
     storage = [t.untyped_storage().data_ptr() for t in cache.k + cache.v]
     cache.lengths.copy_(torch.tensor([3, 7, 1, 9, 2, 5]))
-    rows = [0, 1, 3, 5]  # rows 2 and 4 finished
-    cache.compact(rows, span=9)
+    order = fill_from_end([0, 1, 3, 5])  # rows 2 and 4 finished
+    assert order == [0, 1, 5, 3]  # row 5 takes row 2's place; row 3 stays
+    cache.compact(order, span=9)
     for kept, before, ptr in zip(cache.k + cache.v, full, storage):
         assert kept.shape == (4, 2, 20, 4) and kept.untyped_storage().data_ptr() == ptr
-        assert torch.equal(kept[:, :, :9], before[rows][:, :, :9])
-        assert torch.isfinite(kept).all()
-    assert cache.lengths.tolist() == [3, 7, 9, 5] and cache.span == 9 and cache.batch_size == 4
-    for bad in ([1, 0], [2, 2], [3, 6]):
+        assert torch.equal(kept[:, :, :9], before[order][:, :, :9])
+        assert torch.equal(kept[:, :, 9:], before[:4, :, 9:])  # past the span: untouched, not zeroed
+    assert cache.lengths.tolist() == [3, 7, 5, 9] and cache.span == 9 and cache.batch_size == 4
+    assert fill_from_end([1, 2, 3]) == [3, 1, 2] and fill_from_end([]) == [] and fill_from_end([0, 1]) == [0, 1]
+    for bad in ([1, 0], [2, 2], [0, 6]):
         with pytest.raises(AssertionError):
             cache.compact(bad, span=9)

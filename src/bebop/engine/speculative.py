@@ -381,14 +381,14 @@ class _SpeculativeRun:
             self.log.add(hidden, counts, next_tokens)
 
     def _leave_finished(self) -> None:
-        keep = rows_to_keep(self.book, self.live)
-        if keep is None:
+        order = rows_to_keep(self.book, self.live)
+        if order is None:
             return
-        self.live = [self.live[i] for i in keep]
-        self.trunk_len = [self.trunk_len[i] for i in keep]
-        self.mtp_len = [self.mtp_len[i] for i in keep]
-        self.log.keep(keep)
-        if keep:
-            self.cache.compact(keep, span=max(self.trunk_len))
+        self.live = [self.live[i] for i in order]
+        self.trunk_len = [self.trunk_len[i] for i in order]
+        self.mtp_len = [self.mtp_len[i] for i in order]
+        self.log.keep(order)
+        if order:
+            self.cache.compact(order, span=max(self.trunk_len))
             if self.mtp_cache is not None:
-                self.mtp_cache.compact(keep, span=max(self.mtp_len))
+                self.mtp_cache.compact(order, span=max(self.mtp_len))

@@ -5,8 +5,8 @@ Every forward call appends a chunk of `T` new tokens to each row at that row's o
 same call. Row b keeps only its first `num_new[b]` tokens of the chunk; the rest are written
 past its length and are invisible. Rolling back is `rollback(new_lengths)`: a length change, no
 copy. Later rows may advance by different amounts (speculative decoding). Rows that finish
-leave with `keep(rows)` (the live batch): one gather over the used span, so later forwards cost the live
-rows only.
+leave with `compact(order)` (the live batch: kept rows from the batch's end move into the places of those
+that left), so later forwards cost the live rows only; `keep(rows)` gathers any rows, repeats allowed.
 
 `span` is a host-side upper bound on max(lengths), kept so that attention reads only the used
 part of the buffer without a device->host sync. Callers that know a tighter bound pass it.
@@ -83,22 +83,26 @@ class KVCache:
         self._keep_rows(rows)
         self.span = span
 
-    def compact(self, rows: list[int], span: int) -> None:
-        """Keep only the rows `rows` (ascending positions in the current batch: a live batch whose finished rows
-        leave), each moved down in place over its used positions (< span, a host-known bound): no new buffers, no
-        zeroing, and the rows before the first that left are not copied. Positions past a row's length keep what
-        the buffer held there (finite values an earlier row wrote, or zeros): attention reads them only masked."""
-        n = len(rows)
-        assert all(a < b for a, b in zip(rows, rows[1:])) and (not rows or 0 <= rows[0] and rows[-1] < self.batch_size)
-        index = torch.tensor(rows, dtype=torch.long, device=self.lengths.device)  # (R,)
-        first = next((i for i, row in enumerate(rows) if row != i), n)  # rows before it stay where they are
-        if first < n:
-            moved = index[first:]  # (R - first,), each >= its destination: a gather, then the copy down
+    def compact(self, order: list[int], span: int) -> None:
+        """Keep only the rows `order` (positions in the current batch, in their new order): a live batch whose
+        finished rows leave, each leaving row's place taken by a kept row from past the kept count, so
+        `order[i]` is i (the row stays) or at least len(order) (engine/generate.py's `fill_from_end`). Only the
+        moved rows are copied, over their used positions (< span, a host-known bound): no new buffers, no
+        zeroing. Positions past a row's length keep what the buffer held there (finite values an earlier row
+        wrote, or zeros): attention reads them only masked."""
+        n = len(order)
+        assert len(set(order)) == n and all(r == i or n <= r < self.batch_size for i, r in enumerate(order))
+        moved = [i for i, r in enumerate(order) if r != i]
+        if moved:
+            device = self.lengths.device
+            dst = torch.tensor(moved, dtype=torch.long, device=device)  # (M,)
+            src = torch.tensor([order[i] for i in moved], dtype=torch.long, device=device)  # (M,), each >= n
             for buffer in self.k + self.v:
-                buffer[first:n, :, :span] = buffer[:, :, :span].index_select(0, moved)
+                used = buffer[:, :, :span]
+                used.index_copy_(0, dst, used.index_select(0, src))  # sources lie past every destination
         self.k = [k[:n] for k in self.k]  # (R, Hkv, S, Dh) views of the same storage
         self.v = [v[:n] for v in self.v]
-        self._keep_rows(index)
+        self._keep_rows(torch.tensor(order, dtype=torch.long, device=self.lengths.device))
         self.span = span
 
     def _keep_rows(self, rows: torch.Tensor) -> None:
