@@ -341,10 +341,14 @@ def test_an_engine_call_takes_its_step_functions_once(spec_model, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN runs no bfloat16 on this CPU")
-def test_compiled_graphs_take_packed_weights_and_their_updates_without_recompiling(spec_model):
+def test_compiled_graphs_take_packed_weights_and_their_updates_without_recompiling(spec_model, fresh_store,
+                                                                                    monkeypatch):
     """In bfloat16 a compiled graph multiplies by oneDNN's packed copies (model/packed_linear.py: an input of the
-    graph, remade when its weight changes): an in-place update reaches the next call with no new graph, and decodes
-    as a model compiled afresh with the updated weights does."""
+    graph, remade when its weight changes, and saved with the graph though the copies cannot be): an in-place
+    update reaches the next call with no new graph, and decodes as a model compiled afresh with the updated weights
+    does. A model whose layers take no copies is another graph, not the saved one."""
+    from bebop.model import packed_linear
+
     model = copy.deepcopy(spec_model).to(torch.bfloat16)
     assert compiled.compile_steps(model, "on")
     prompts = ids_of(PROMPTS)
@@ -352,6 +356,7 @@ def test_compiled_graphs_take_packed_weights_and_their_updates_without_recompili
     layers = [m for m in model.modules() if getattr(m, "graph_weight", None) is not None]
     assert layers  # the graphs took packed weights
     before = unique_graphs()
+    assert before and compiled.steps_of(model).failed is None  # compiled and saved, not decoded eagerly
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p), alpha=0.05)
@@ -361,3 +366,8 @@ def test_compiled_graphs_take_packed_weights_and_their_updates_without_recompili
     assert compiled.compile_steps(fresh, "on")
     again = generate(fresh, prompts, max_new_tokens=12, sampling=GREEDY, stop_ids=[EOS])
     assert [g.token_ids for g in updated] == [g.token_ids for g in again]
+    monkeypatch.setattr(packed_linear, "PACKED", False)  # the same model's graphs without the copies
+    unpacked = generate(fresh, prompts, max_new_tokens=12, sampling=GREEDY, stop_ids=[EOS])
+    assert unique_graphs() > before and compiled.steps_of(fresh).failed is None
+    assert all(getattr(m, "graph_weight", None) is None for m in fresh.modules())
+    assert len(unpacked) == len(updated)

@@ -59,7 +59,7 @@ from bebop.engine.step_packages import CompileFailed, Dynamic, has_packages, one
 from bebop.errors import BebopError
 from bebop.model.hybrid_cache import HybridCache
 from bebop.model.kv_cache import KVCache
-from bebop.model.packed_linear import prepare_graphs
+from bebop.model.packed_linear import graph_weights, prepare_graphs
 from bebop.model.qwen3 import CausalLM
 from bebop.model.rope import rope_table
 from bebop.model.static_cache import HybridStaticView, StaticView, same_rows
@@ -117,8 +117,8 @@ def prepared_steps(model: CausalLM) -> EagerSteps:
     """steps_of, with the packed weight copies its graphs take made current (model/packed_linear.py): what an engine
     call takes once, before its first step, and passes on."""
     steps = steps_of(model)
-    if steps is not EAGER:
-        prepare_graphs(model)
+    if isinstance(steps, CompiledSteps):
+        steps.packed = prepare_graphs(model)
     return steps
 
 
@@ -230,6 +230,7 @@ class CompiledSteps(EagerSteps):
         # "draft" (one drafting forward), "verify", "step" (a whole speculative step)
         self.compile_s = 0.0  # seconds these steps spent compiling a graph or loading one (the warm-up)
         self.compile_new = True  # compile a graph no package holds (else that step runs eagerly)
+        self.packed: str | None = None  # which layers the graphs multiply by packed copies (graph_weights)
 
     def forward(self, model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
         """Compiled for a chunk of at most MAX_COMPILED_CHUNK tokens (a longer one, a prefill, runs eager)."""
@@ -310,7 +311,9 @@ class CompiledSteps(EagerSteps):
                   if isinstance(cache, HybridCache) else None)
         head_views = (*_span_views(*head), head[0].lengths) if head is not None else ()
         batch1 = cache.batch_size == 1
-        key = (model.dtype, batch1, "dynamic" if dynamic_chunk and chunk_len > 1 else chunk_len,
+        if self.packed is None:
+            self.packed = graph_weights(model)
+        key = (model.dtype, batch1, "dynamic" if dynamic_chunk and chunk_len > 1 else chunk_len, self.packed,
                *(a for a in args if not isinstance(a, torch.Tensor)))  # the graph's candidates; its guards decide
         try:
             dims = partial(_dynamic_dims, k, v, rope, cache, linear, head_views, args, dynamic_chunk and chunk_len > 1)

@@ -34,7 +34,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from torch.fx.experimental import _config as fx_config
 import bebop
 from bebop.engine.isa_check import isa_checked
 from bebop.fileio import atomic_write, atomic_write_text
+from bebop.model.packed_linear import GRAPH_WEIGHT
 
 STORE_ENV = "BEBOP_COMPILE_CACHE"
 SUFFIX = ".pt2"
@@ -138,7 +139,8 @@ class PackagedGraph:
         self.fn = fn
         self.digest = digest  # of `kind`: the store's folder for it
         self.kind = kind
-        self.compiler = torch.compile(fn, fullgraph=True, dynamic=False, options=kind["inductor"])
+        self.compiler = torch.compile(fn, fullgraph=True, dynamic=False,
+                                      options={**kind["inductor"], "guard_filter_fn": saved_guards})
         self.entries: dict[str, list[Any]] = {}  # key digest -> AOTCompiledFunction, most recently used first
         self.names: dict[tuple, str] = {}  # key -> its file name stem (a digest of its repr, made once)
         self.ran: set[int] = set()  # ids of the entries that have run in this process
@@ -220,6 +222,18 @@ class PackagedGraph:
                 _UNSAVED.add(folder)
                 print(f"bebop: --compile: cannot save compiled steps in {folder} ({type(err).__name__}: {err}); "
                       f"a later process compiles them again", file=sys.stderr)
+
+
+def saved_guards(guards: Sequence[Any]) -> list[bool]:
+    """Which of a graph's guards it keeps (dynamo's guard filter): those a saved graph can hold (dynamo's own choice
+    for ahead-of-time graphs: no guards on globals or on what cannot be written to a file), less those on a
+    packed weight copy (model/packed_linear.py's GRAPH_WEIGHT): an opaque oneDNN tensor that cannot be saved with
+    the guards. Whether the graph takes packed copies at all is in its key instead (compiled.py), and their shapes
+    follow from the weights', which stay guarded."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsaved = getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())
+    return [not (g.is_global or g.guard_type in unsaved or f".{GRAPH_WEIGHT}" in g.name) for g in guards]
 
 
 def one_line(err: BaseException) -> str:

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 PACKED = os.environ.get("BEBOP_PACKED_LINEAR", "1") != "0"
+GRAPH_WEIGHT = "graph_weight"  # a PackedLinear's attribute that a compiled graph takes its packed copy from
 _DTYPES = (torch.float32, torch.bfloat16)
 # id(weight) -> (a weak reference to it, its version when packed, the packed copy); an entry leaves with its
 # weight (a tensor's == is elementwise, so a WeakKeyDictionary, which compares keys, cannot hold tensors)
@@ -112,13 +113,20 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_feat
     return x.new_empty((*x.shape[:-1], out_features))
 
 
-def prepare_graphs(model: nn.Module) -> None:
+def prepare_graphs(model: nn.Module) -> str:
     """Before compiled decoding: each PackedLinear's packed copy where a graph takes it (remade if its weight changed),
-    an input of the graph like the weight itself."""
+    an input of the graph like the weight itself. -> graph_weights(model)."""
     for module in model.modules():
         if isinstance(module, PackedLinear):
             pays = _can_pack(module.weight) and _pays(module.weight, rows=0)  # a graph's rows are not known
             module.graph_weight = packed_weight(module.weight) if pays else None
+    return graph_weights(model)
+
+
+def graph_weights(model: nn.Module) -> str:
+    """Which PackedLinear layers a compiled graph of `model` multiplies by a packed copy, in module order ("1" each
+    that does, "0" each that does not): part of a graph's key, since the copies themselves are not guarded."""
+    return "".join("0" if m.graph_weight is None else "1" for m in model.modules() if isinstance(m, PackedLinear))
 
 
 class PackedLinear(nn.Linear):
