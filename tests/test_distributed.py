@@ -3,9 +3,12 @@ process's weights; a run saved with 2 ranks resumes with 2 (bit-exact) or 1; a r
 a line naming it and leaves the last save intact; bad input is refused before any rank starts.
 
 Tolerance: the ranks sum their gradients in another order than one process (each rank's share, then the
-all-reduce or reduce-scatter), so gradients agree to float32 rounding (~1e-7 relative), and AdamW divides
-by sqrt(v): a parameter whose gradient is near zero takes a step of about lr whatever its rounding, so weights
-agree to lr x 1e-3 or so after a few steps (measured: 1.4e-6 at lr 1e-3 after 3 sft steps), hence ATOL.
+all-reduce or reduce-scatter), so gradients agree to float32 rounding (~1e-7 relative), and weights to lr x 1e-3
+or so after a few steps (measured: 1.4e-6 at lr 1e-3 after 3 sft steps), hence ATOL. But AdamW divides by
+sqrt(v): a weight whose gradient is at rounding level (a sum that cancels) steps by about lr with the sign of its
+rounding, so a rare element may differ by up to 2 x lr a step (seen once in a full suite: 1.0e-3 after 3 steps).
+Such elements are allowed up to STRAY_SHARE of a model and STRAY apart; the first moments, which follow the
+gradients linearly, are compared tightly where a test has them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from bebop.cli import main
 from bebop.model.checkpoint import load_model
 
 ATOL = 2e-5
+STRAY = 1e-2  # 2 x lr x steps at the largest lr and step count here (1e-3, at most 4 steps) and then some
+STRAY_SHARE = 1e-3  # of a model's elements, at most, beyond ATOL
 TINY_SFT = ("--task", "math", "--batch-size", "8", "--micro-batch-size", "2", "--lr", "1e-3", "--warmup", "1",
             "--device", "cpu")
 
@@ -44,9 +49,11 @@ def weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = ATOL) -> None:
+    """Every element within STRAY, and all but STRAY_SHARE of them within `atol` (the module's docstring)."""
     assert a.keys() == b.keys()
-    worst = max((a[k] - b[k]).abs().max().item() for k in a)
-    assert worst <= atol, worst
+    gaps = torch.cat([(a[k] - b[k]).abs().flatten() for k in a])
+    strays = int((gaps > atol).sum())
+    assert gaps.max().item() <= STRAY and strays <= STRAY_SHARE * gaps.numel(), (gaps.max().item(), strays)
 
 
 def assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
