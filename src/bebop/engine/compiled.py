@@ -230,7 +230,7 @@ class CompiledSteps(EagerSteps):
         # "draft" (one drafting forward), "verify", "step" (a whole speculative step)
         self.compile_s = 0.0  # seconds these steps spent compiling a graph or loading one (the warm-up)
         self.compile_new = True  # compile a graph no package holds (else that step runs eagerly)
-        self.packed: str | None = None  # which layers the graphs multiply by packed copies (graph_weights)
+        self.packed = graph_weights(model)  # which layers the graphs multiply by packed copies (prepared_steps)
 
     def forward(self, model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
         """Compiled for a chunk of at most MAX_COMPILED_CHUNK tokens (a longer one, a prefill, runs eager)."""
@@ -311,8 +311,6 @@ class CompiledSteps(EagerSteps):
                   if isinstance(cache, HybridCache) else None)
         head_views = (*_span_views(*head), head[0].lengths) if head is not None else ()
         batch1 = cache.batch_size == 1
-        if self.packed is None:
-            self.packed = graph_weights(model)
         key = (model.dtype, batch1, "dynamic" if dynamic_chunk and chunk_len > 1 else chunk_len, self.packed,
                *(a for a in args if not isinstance(a, torch.Tensor)))  # the graph's candidates; its guards decide
         try:
