@@ -14,7 +14,9 @@ engine's prefill verb: the first step, which fed the prompts) apart as `prefill_
 MTP, and `step_over_forwards`, a step over its forwards. "verify_forward" is the trunk forward (plain: the decode forward) with
 everything inside it: cache writes, the mask, attention. `--compile on` profiles the compiled steps (the
 trunk timed where the engine calls it; "mtp_forwards" is then the whole drafting function, its warps and
-draws included; "whole_step" a drafting step run as one graph, counted with the forwards).
+draws included; "whole_step" a drafting step run as one graph, counted with the forwards). Its graphs are kept in
+a store of their own (`bebop-step-profile` beside the user's, unless $BEBOP_COMPILE_CACHE names one): traced
+through the timers, they guard on them, and a process without the timers would have to compile them again.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
 
-from bebop.engine import compiled, refresh_log, speculative
+from bebop.engine import compiled, refresh_log, speculative, step_packages
 from bebop.engine.compiled import compile_steps
 from bebop.engine.generate import generate
 from bebop.engine.speculative import speculative_generate
@@ -186,6 +189,9 @@ def profile(policy, case: str, arm: str) -> dict:
 
 
 def main() -> None:
+    if ARGS.compile == "on":  # graphs traced through the timers guard on them: kept apart from a user's store
+        os.environ.setdefault(step_packages.STORE_ENV, str(step_packages.default_store_root().with_name(
+            "bebop-step-profile")))
     policy = load_policy(ARGS.model, device="cpu")
     compile_steps(policy.model, ARGS.compile)  # on: the warm-up run compiles
     rows = [profile(policy, case, arm) for case in ARGS.cases.split(",") for arm in ARGS.arms.split(",")]

@@ -25,12 +25,14 @@ def _own_compile_store(tmp_path_factory, monkeypatch):
     `bebop-tests/` beside the user's store (a folder per model kind and bebop source, so a changed tree never
     loads a stale graph). What `--compile auto` finds, and every subprocess's store, is a store of each test's
     own, empty: a short run's path never depends on which tests ran before it. Tests of the store itself take
-    `fresh_store` (tests/test_compiled.py), which undoes the first half."""
+    `fresh_store` (tests/test_compiled.py), which undoes the first half. A graph call that skips its guards as
+    trusted checks them all the same here, and fails if they do not pass."""
     from bebop.engine import step_packages
 
     monkeypatch.setenv(step_packages.STORE_ENV, str(tmp_path_factory.mktemp("compile_store")))
     kept = Path(step_packages.default_store_root()).with_name("bebop-tests")
     monkeypatch.setattr(step_packages.PackagedGraph, "folder", property(lambda graph: kept / graph.digest))
+    monkeypatch.setattr(step_packages, "CHECK_TRUSTED", True)  # every call that skips the guards is held to them
 
 
 def hf_tiny_config(**overrides):

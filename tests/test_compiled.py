@@ -4,6 +4,7 @@ when compiling fails. The lossless and T=0 tests run on it too (test_speculative
 
 import copy
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -288,6 +289,93 @@ def test_a_loaded_graphs_first_run_is_warm_up(monkeypatch):
     monkeypatch.setattr(graph, "_load", lambda name: [Loaded()])
     first, second = graph(("k",), list, False, 1), graph(("k",), list, False, 1)
     assert first[0] == second[0] == "out" and first[1] >= 0.05 and second[1] == 0.0
+
+
+class Checked:
+    """A stand-in for a graph: counts its guard checks, passes them while `passes`."""
+
+    def __init__(self):
+        self.checks, self.passes = 0, True
+
+    def guard_check(self, *args):
+        self.checks += 1
+        return self.passes
+
+    def fn(self, *args):
+        return "out"
+
+
+def test_a_call_trusted_to_pass_the_guards_skips_their_check(monkeypatch):
+    """A call whose trust (its signature) is the last call's of its key runs that call's graph unchecked; another
+    trust, a call without one or another key checks the guards. With CHECK_TRUSTED (the suite's setting) a trusted
+    call whose guards do not pass fails."""
+    entry = Checked()
+    graph = step_packages.PackagedGraph(lambda x: x, "digest", {"inductor": {}})
+    monkeypatch.setattr(graph, "_load", lambda name: [entry])
+    monkeypatch.setattr(step_packages, "CHECK_TRUSTED", False)
+    for trust, checks in (("a", 1), ("a", 1), ("a", 1), ("b", 2), ("b", 2), ("a", 3), (None, 4), (None, 5)):
+        assert graph(("k",), list, False, 1, trust=trust)[0] == "out"
+        assert entry.checks == checks, trust
+    graph(("other",), list, False, 1, trust="b")
+    assert entry.checks == 6  # a key's trust is its own
+    monkeypatch.setattr(step_packages, "CHECK_TRUSTED", True)
+    graph(("k",), list, False, 1, trust="c")
+    entry.passes = False
+    with pytest.raises(AssertionError, match="trusted"):
+        graph(("k",), list, False, 1, trust="c")
+
+
+def test_each_engine_call_checks_the_guards_again(spec_model, fresh_store):
+    """Within an engine call a graph's guards are checked for the first call of each signature only; the model may
+    change between calls (here a norm's epsilon, a module attribute the graph bakes in), so the next call
+    checks them again and runs a graph that fits: it decodes as the changed model does eagerly. The suite's
+    CHECK_TRUSTED holds every call that skipped the check to the guards."""
+    model = copy.deepcopy(spec_model)
+    assert compiled.compile_steps(model, "on")
+    prompts = ids_of(PROMPTS)
+    before = generate(model, prompts, max_new_tokens=12, sampling=GREEDY)  # no stop: every row to the end, so
+    made = unique_graphs()  # the next call's first step has the signature of this one's last
+    model.model.layers[0].input_layernorm.eps = 10.0
+    got = generate(model, prompts, max_new_tokens=12, sampling=GREEDY)
+    assert unique_graphs() > made and compiled.compiled_steps(model).failed is None  # another graph ran
+    compiled.compile_steps(model, "off")
+    want = generate(model, prompts, max_new_tokens=12, sampling=GREEDY)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want] != [g.token_ids for g in before]
+
+
+def test_a_saved_graph_whose_guards_cannot_be_made_is_compiled_again_quietly(spec_model, fresh_store):
+    """A graph saved while the model's forward was wrapped (a profiler's timer) guards on the wrapper; a process
+    without it cannot rebuild those guards: the file is removed and the graph compiled anew, with no traceback
+    logged, and decoding is unchanged."""
+    model = copy.deepcopy(spec_model)
+    assert compiled.compile_steps(model, "on")
+    prompts = ids_of(PROMPTS[:2])
+    real = type(model).forward
+    timer, records = Checked(), []
+
+    def timed(*args, **kwargs):  # a closure over an object the graph guards on
+        return real(*args, **kwargs) if timer.passes else None
+
+    type(model).forward = timed
+    try:
+        want = generate(model, prompts, max_new_tokens=6, sampling=GREEDY, stop_ids=[EOS])
+    finally:
+        type(model).forward = real
+    [saved] = list(fresh_store.rglob(f"*{step_packages.SUFFIX}"))
+    step_packages._SHARED.clear()  # as a new process would find the store
+    again = copy.deepcopy(spec_model)
+    assert compiled.compile_steps(again, "on")
+    logged = logging.Handler()
+    logged.emit = records.append  # type: ignore[method-assign]
+    guards_log = logging.getLogger("torch._guards")  # where torch logs a guard it cannot make, with its traceback
+    guards_log.addHandler(logged)
+    try:
+        got = generate(again, prompts, max_new_tokens=6, sampling=GREEDY, stop_ids=[EOS])
+    finally:
+        guards_log.removeHandler(logged)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    assert not saved.exists() and len(list(fresh_store.rglob(f"*{step_packages.SUFFIX}"))) == 1
+    assert not [r.getMessage() for r in records if r.levelno >= logging.WARNING]
 
 
 def test_auto_profiles_through_the_compiled_steps_and_decodes_without_compiling(spec_model):

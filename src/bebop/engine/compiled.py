@@ -46,6 +46,7 @@ adds exact zeros), so every lossless and T=0 guarantee holds on the compiled pat
 
 from __future__ import annotations
 
+import itertools
 import sys
 import weakref
 from collections import Counter
@@ -75,6 +76,7 @@ LOADS_PAY_AFTER_STEPS = 500  # `auto`: decode steps that pay for loading saved g
 HYBRID_MAX_ROWS = 8
 
 _STEPS: weakref.WeakKeyDictionary[CausalLM, CompiledSteps] = weakref.WeakKeyDictionary()
+_CALLS = itertools.count()  # engine calls (prepared_steps): a graph's guards are checked anew in each
 
 
 def check_compile(choice: str) -> None:
@@ -119,6 +121,7 @@ def prepared_steps(model: CausalLM) -> EagerSteps:
     steps = steps_of(model)
     if isinstance(steps, CompiledSteps):
         steps.packed = prepare_graphs(model)
+        steps.engine_call = next(_CALLS)
     return steps
 
 
@@ -231,6 +234,7 @@ class CompiledSteps(EagerSteps):
         self.compile_s = 0.0  # seconds these steps spent compiling a graph or loading one (the warm-up)
         self.compile_new = True  # compile a graph no package holds (else that step runs eagerly)
         self.packed = graph_weights(model)  # which layers the graphs multiply by packed copies (prepared_steps)
+        self.engine_call = next(_CALLS)  # the engine call these steps serve (prepared_steps): see run's trust
 
     def forward(self, model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
         """Compiled for a chunk of at most MAX_COMPILED_CHUNK tokens (a longer one, a prefill, runs eager)."""
@@ -313,10 +317,16 @@ class CompiledSteps(EagerSteps):
         batch1 = cache.batch_size == 1
         key = (model.dtype, batch1, "dynamic" if dynamic_chunk and chunk_len > 1 else chunk_len, self.packed,
                *(a for a in args if not isinstance(a, torch.Tensor)))  # the graph's candidates; its guards decide
+        # within one engine call the model, its weights and the process's state stay as they are, and the cache's
+        # buffers are the same: a call whose tensors have the shapes of the last call's that passed the graph's guards
+        # (but for the span, within the classes the guards tell apart) passes them too (step_packages.PackagedGraph)
+        trust = (self.engine_call, capacity, _span_class(cache.span + chunk_len, cache.capacity),
+                 head and _span_class(head[0].span + head[1], head[0].capacity),
+                 *(a.shape for a in args if isinstance(a, torch.Tensor)))
         try:
             dims = partial(_dynamic_dims, k, v, rope, cache, linear, head_views, args, dynamic_chunk and chunk_len > 1)
             ran = self.graphs[name](key, dims, self.compile_new, model, k, v, cache.lengths, rope, linear, *head_views,
-                                    *args)
+                                    *args, trust=trust)
         except Exception as err:  # a compile failure: say it once, decode on eagerly
             if not isinstance(err, CompileFailed) and not _is_compile_error(err):
                 raise
@@ -336,6 +346,12 @@ class CompiledSteps(EagerSteps):
             head[0].span += head[1]
         self.calls[name] += 1
         return out
+
+
+def _span_class(span: int, capacity: int) -> tuple[int, bool]:
+    """What a graph's guards see of a cache view's span: whether it is 0, 1 or more (torch specialises 0 and 1) and
+    whether it is the whole capacity (the view is then contiguous, and a graph guards on that)."""
+    return min(span, 2), span == capacity
 
 
 def _span_views(cache: KVCache, chunk_len: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
