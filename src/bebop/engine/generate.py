@@ -33,9 +33,11 @@ from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams, entropy, sample, to_host, token_logprob, warp_probs
 
 
-def pad_chunk(pending: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged per-row token lists -> (B, T) right-padded ids and (B,) counts."""
-    width = max(1, max(len(p) for p in pending))
+def pad_chunk(pending: list[list[int]], pad_id: int, device: torch.device,
+              width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged per-row token lists -> (B, T) right-padded ids, T the longest list but at least `width`, and (B,)
+    counts."""
+    width = max(width, max(len(p) for p in pending))
     flat = [tok for toks in pending for tok in toks + [pad_id] * (width - len(toks))]  # one host list, one tensor
     ids = torch.tensor(flat, dtype=torch.long).view(len(pending), width)
     counts = torch.tensor([len(p) for p in pending], dtype=torch.long)

@@ -39,33 +39,37 @@ class RefreshLog:
         assert hidden.shape[0] == len(counts) == len(self.tokens), (hidden.shape, len(counts), len(self.tokens))
         if not any(counts):
             return
-        self.chunks.append((hidden[:, : max(counts)], list(counts)))
-        self.width += self.chunks[-1][0].shape[1]
+        self.chunks.append((hidden, list(counts)))  # the whole chunk: a later take slices it, padding none
+        self.width += hidden.shape[1]
         for row, toks in zip(self.tokens, next_tokens):
             row.extend(toks)
 
     def take(self, pad_id: int, width: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pending span of every row, left-aligned in position order, at least `width` wide (a decode step's
-        refresh padded to k + 1: one compiled shape): hidden (R, W, H) (zeros past a row's count), next tokens
-        (R, W) (pad_id past it) and counts (R,)."""
+        refresh padded to k + 1: one compiled shape): hidden (R, W, H) (past a row's count whatever its chunks held
+        there, or zeros: finite, and the refresh keeps only a row's first count positions), next tokens (R, W)
+        (pad_id past the count) and counts (R,)."""
         used = max(1, max(self.counts))
-        hidden = self._gather(used)
-        ids, counts = pad_chunk(self.tokens, pad_id, hidden.device)  # (R, used), (R,)
-        if width > used:
-            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, width - used))  # (R, width, H)
-            ids = torch.nn.functional.pad(ids, (0, width - used), value=pad_id)  # (R, width)
+        hidden = self._gather(max(used, width))  # (R, W, H), W = max(used, width)
+        ids, counts = pad_chunk(self.tokens, pad_id, hidden.device, width=width)  # (R, W), (R,)
         self.chunks, self.tokens, self.width = [], [[] for _ in self.tokens], 0
         return hidden, ids, counts
 
     def _gather(self, width: int) -> torch.Tensor:
-        if len(self.chunks) == 1:  # a chunk is as wide as its largest count, so >= width
-            return self.chunks[0][0][:, :width]
-        hidden = torch.cat([h for h, _ in self.chunks], dim=1)  # (R, sum T, H)
-        valid = torch.cat([torch.arange(h.shape[1])[None, :] < torch.tensor(c)[:, None] for h, c in self.chunks],
-                          dim=1)  # (R, sum T) on the host: counts are host-known
-        order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices[:, :width]  # valid first, in order
-        order = order.to(hidden.device)[..., None].expand(-1, -1, hidden.shape[-1])  # (R, W, H)
-        return hidden.gather(1, order)
+        """The logged positions of every row, left-aligned in position order, `width` wide (at least the largest
+        count): (R, width, H). A single chunk (a decode step's, k + 1 wide) is sliced, not copied."""
+        if len(self.chunks) == 1:  # a decode step's chunk, k + 1 wide: sliced, not copied
+            hidden = self.chunks[0][0][:, :width]
+        else:
+            hidden = torch.cat([h for h, _ in self.chunks], dim=1)  # (R, sum T, H)
+            valid = torch.cat([torch.arange(h.shape[1])[None, :] < torch.tensor(c)[:, None] for h, c in self.chunks],
+                              dim=1)  # (R, sum T) on the host: counts are host-known
+            order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices[:, :width]  # valid first
+            order = order.to(hidden.device)[..., None].expand(-1, -1, hidden.shape[-1])  # (R, <= W, H)
+            hidden = hidden.gather(1, order)
+        if hidden.shape[1] < width:
+            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, width - hidden.shape[1]))  # (R, width, H)
+        return hidden
 
     def keep(self, rows: list[int]) -> None:
         """Keep only the rows `rows` (positions in the current batch), in that order."""

@@ -93,13 +93,10 @@ class KVCache:
         n = len(order)
         assert len(set(order)) == n and all(r == i or n <= r < self.batch_size for i, r in enumerate(order))
         moved = [i for i, r in enumerate(order) if r != i]
-        if moved:
-            device = self.lengths.device
-            dst = torch.tensor(moved, dtype=torch.long, device=device)  # (M,)
-            src = torch.tensor([order[i] for i in moved], dtype=torch.long, device=device)  # (M,), each >= n
-            for buffer in self.k + self.v:
-                used = buffer[:, :, :span]
-                used.index_copy_(0, dst, used.index_select(0, src))  # sources lie past every destination
+        if moved:  # one copy call for every layer and moved row (sources lie past every destination)
+            buffers = self.k + self.v
+            torch._foreach_copy_([b[i, :, :span] for b in buffers for i in moved],  # (Hkv, span, Dh) each
+                                 [b[order[i], :, :span] for b in buffers for i in moved])
         self.k = [k[:n] for k in self.k]  # (R, Hkv, S, Dh) views of the same storage
         self.v = [v[:n] for v in self.v]
         self._keep_rows(torch.tensor(order, dtype=torch.long, device=self.lengths.device))
