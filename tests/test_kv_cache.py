@@ -1,5 +1,6 @@
 """Cached decoding against full recomputation: ragged rows, chunks, rollback."""
 
+import pytest
 import torch
 
 from bebop.model import load_model
@@ -74,14 +75,16 @@ def test_keep_gathers_the_used_span_and_zeroes_the_rest():
     assert cache.lengths.tolist() == [9, 3, 5] and cache.span == 9
 
 
-def test_compact_moves_only_the_rows_that_fill_the_places_of_those_that_left():
+@pytest.mark.parametrize("foreach_rows", [0, 2])  # the moved rows copied by index ops, or in one foreach call
+def test_compact_moves_only_the_rows_that_fill_the_places_of_those_that_left(foreach_rows, monkeypatch):
     """A live batch's finished rows leave: kept rows from the batch's end move into their places over the used
     positions (< span), within the same buffers (no new storage, nothing zeroed), equal to a gather of the rows in
     their new order; rows that stay are not copied; an order that moves a row below the kept count is refused."""
-    import pytest
-
     from bebop.engine.generate import fill_from_end
+    from bebop.model import kv_cache
     from bebop.model.kv_cache import KVCache
+
+    monkeypatch.setattr(kv_cache, "FOREACH_ROWS", foreach_rows)
 
     cache = KVCache(3, 6, 2, 4, 20, dtype=torch.float32, device="cpu")
     gen = torch.Generator().manual_seed(0)
@@ -98,6 +101,8 @@ def test_compact_moves_only_the_rows_that_fill_the_places_of_those_that_left():
         assert torch.equal(kept[:, :, :9], before[order][:, :, :9])
         assert torch.equal(kept[:, :, 9:], before[:4, :, 9:])  # past the span: untouched, not zeroed
     assert cache.lengths.tolist() == [3, 7, 5, 9] and cache.span == 9 and cache.batch_size == 4
+    cache.compact([0, 1, 2], span=7)  # the last row leaves: nothing moves
+    assert cache.lengths.tolist() == [3, 7, 5] and cache.batch_size == 3 and cache.k[0].shape[0] == 3
     assert fill_from_end([1, 2, 3]) == [3, 1, 2] and fill_from_end([]) == [] and fill_from_end([0, 1]) == [0, 1]
     for bad in ([1, 0], [2, 2], [0, 6]):
         with pytest.raises(AssertionError):

@@ -19,6 +19,11 @@ import torch
 from bebop.errors import BebopError
 from bebop.model.rope import rope_table
 
+# a compaction moving at most this many rows copies them in one foreach call (a view per row and layer), more with a
+# gather and a copy per layer: the first is the faster for one or two rows, the second from about three
+# (docs/benchmarks.md)
+FOREACH_ROWS = 2
+
 
 class KVCache:
     def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
@@ -93,10 +98,17 @@ class KVCache:
         n = len(order)
         assert len(set(order)) == n and all(r == i or n <= r < self.batch_size for i, r in enumerate(order))
         moved = [i for i, r in enumerate(order) if r != i]
-        if moved:  # one copy call for every layer and moved row (sources lie past every destination)
-            buffers = self.k + self.v
+        buffers = self.k + self.v  # sources lie past every destination
+        if moved and len(moved) <= FOREACH_ROWS:  # one copy call for every layer and moved row
             torch._foreach_copy_([b[i, :, :span] for b in buffers for i in moved],  # (Hkv, span, Dh) each
                                  [b[order[i], :, :span] for b in buffers for i in moved])
+        elif moved:  # a gather and a copy per layer buffer
+            device = self.lengths.device
+            dst = torch.tensor(moved, dtype=torch.long, device=device)  # (M,)
+            src = torch.tensor([order[i] for i in moved], dtype=torch.long, device=device)  # (M,), each >= n
+            for buffer in buffers:
+                used = buffer[:, :, :span]
+                used.index_copy_(0, dst, used.index_select(0, src))
         self.k = [k[:n] for k in self.k]  # (R, Hkv, S, Dh) views of the same storage
         self.v = [v[:n] for v in self.v]
         self._keep_rows(torch.tensor(order, dtype=torch.long, device=self.lengths.device))
