@@ -7,8 +7,9 @@ all-reduce or reduce-scatter), so gradients agree to float32 rounding (~1e-7 rel
 or so after a few steps (measured: 1.4e-6 at lr 1e-3 after 3 sft steps), hence ATOL. But AdamW divides by
 sqrt(v): a weight whose gradient is at rounding level (a sum that cancels) steps by about lr with the sign of its
 rounding, so a rare element may differ by up to 2 x lr a step (seen once in a full suite: 1.0e-3 after 3 steps).
-Such elements are allowed up to STRAY_SHARE of a model and STRAY apart; the first moments, which follow the
-gradients linearly, are compared tightly where a test has them.
+Such elements are allowed up to STRAY_SHARE of a model and STRAY apart. The first moments follow the gradients
+linearly and agree to 1e-6, but those whose later gradients a stray weight changed may differ by a share of a
+gradient (seen once in a full suite): the same share of them may be up to MOMENT_STRAY apart.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bebop.model.checkpoint import load_model
 ATOL = 2e-5
 STRAY = 1e-2  # 2 x lr x steps at the largest lr and step count here (1e-3, at most 4 steps) and then some
 STRAY_SHARE = 1e-3  # of a model's elements, at most, beyond ATOL
+MOMENT_STRAY = 1e-3  # a first moment near a stray weight: its later gradients differ (about 0.1 of a gradient)
 TINY_SFT = ("--task", "math", "--batch-size", "8", "--micro-batch-size", "2", "--lr", "1e-3", "--warmup", "1",
             "--device", "cpu")
 
@@ -48,12 +50,25 @@ def weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_model(model_dir).state_dict()
 
 
-def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = ATOL) -> None:
-    """Every element within STRAY, and all but STRAY_SHARE of them within `atol` (the module's docstring)."""
+def assert_close(a: dict, b: dict, atol: float = ATOL, stray: float = STRAY) -> None:
+    """Every element within `stray`, and all but STRAY_SHARE of them within `atol` (the module's docstring)."""
     assert a.keys() == b.keys()
     gaps = torch.cat([(a[k] - b[k]).abs().flatten() for k in a])
     strays = int((gaps > atol).sum())
-    assert gaps.max().item() <= STRAY and strays <= STRAY_SHARE * gaps.numel(), (gaps.max().item(), strays)
+    assert gaps.max().item() <= stray and strays <= STRAY_SHARE * gaps.numel(), (gaps.max().item(), strays)
+
+
+def test_the_tolerance_allows_rare_strays_only():
+    """assert_close passes a few elements beyond atol, and refuses too many of them or one beyond `stray`."""
+    a = {"w": torch.zeros(10_000)}
+    few, many, far = (torch.zeros(10_000) for _ in range(3))
+    few[:5], many[:50], far[0] = 1e-3, 1e-3, 0.1
+    assert_close(a, {"w": few})
+    for b in (many, far):
+        with pytest.raises(AssertionError):
+            assert_close(a, {"w": b})
+    with pytest.raises(AssertionError):
+        assert_close(a, {"w": few}, atol=1e-6, stray=1e-4)
 
 
 def assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -88,8 +103,10 @@ def test_sft_on_two_ranks_is_the_one_process_step(tiny, tmp_path):
         state = torch.load(tmp_path / name / "train_state.pt", weights_only=True)
         assert state["history"] == one["history"] and state["learner"]["parallel"] == name
         assert state["optimizer"]["param_groups"][0]["params"] == one["optimizer"]["param_groups"][0]["params"]
-        for i, saved in one["optimizer"]["state"].items():  # one process's layout: the same keys and moments
-            assert torch.allclose(state["optimizer"]["state"][i]["exp_avg"], saved["exp_avg"], atol=1e-6)
+        moments = state["optimizer"]["state"]  # one process's layout: the same keys and first moments
+        assert moments.keys() == one["optimizer"]["state"].keys()
+        assert_close({i: m["exp_avg"] for i, m in moments.items()},
+                     {i: m["exp_avg"] for i, m in one["optimizer"]["state"].items()}, atol=1e-6, stray=MOMENT_STRAY)
     assert torch.load(tmp_path / "fsdp" / "train_state.pt", weights_only=True)["learner"]["world_size"] == 2
 
 
