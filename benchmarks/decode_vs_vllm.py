@@ -191,7 +191,8 @@ def main() -> None:
         shared = ["--model", tmp, "--arch", args.arch, "--dtype", args.dtype, "--temperature", str(args.temperature),
                   "--spec", args.spec, "--k", str(args.k), "--compile", args.compile]
         ours = Worker([sys.executable, __file__, *shared, "--serve", "bebop"])
-        theirs = Worker([args.vllm_python, __file__, *shared, "--serve", "vllm"])
+        # absolute, not resolved: a worker starts in benchmarks/, and a venv's python is a link that must stay one
+        theirs = Worker([os.path.abspath(args.vllm_python), __file__, *shared, "--serve", "vllm"])
         try:
             rows = [_compare(ours, theirs, int(b), args) for b in args.batch_sizes.split(",")]
         finally:
