@@ -235,7 +235,7 @@ def test_a_new_process_loads_the_saved_graphs_and_decodes_the_same(tiny_model_di
     assert any(name.endswith(step_packages.SUFFIX) for name in saved) and "about.json" in saved
     assert run("on") == eager
     after = sorted(p.name for p in (tmp_path / "store").rglob("*") if p.is_file())
-    assert [name for name in after if not name.startswith("isa-check-")] == saved  # loaded, none compiled
+    assert [name for name in after if not name.startswith("isa-builds-")] == saved  # loaded, none compiled
     assert run("on") == eager  # the loading process's record of inductor's instruction-set check, where it made one
 
 
@@ -459,3 +459,24 @@ def test_compiled_graphs_take_packed_weights_and_their_updates_without_recompili
     assert unique_graphs() > before and compiled.steps_of(fresh).failed is None
     assert all(getattr(m, "graph_weight", None) is None for m in fresh.modules())
     assert len(unpacked) == len(updated)
+
+
+def test_a_saved_graph_keeps_no_guards_dynamo_does_not_check(monkeypatch):
+    """The guards that a module's hook dictionaries are empty: dynamo builds none while it skips hook guards (its
+    default), so a saved graph keeps none either (each would be rebuilt at load); tensors and constants stay."""
+    from torch._dynamo import config
+    from torch._dynamo.types import GuardFilterEntry
+
+    def entry(kind, name):
+        return GuardFilterEntry(name=name, has_value=False, value=None, guard_type=kind, derived_guard_types=(),
+                                is_global=False, orig_guard=None)
+
+    layer = "model._modules['model']._modules['layers']._modules['0']"
+    guards = [entry("EMPTY_NN_MODULE_HOOKS_DICT", f"{layer}._forward_hooks"),
+              entry("TENSOR_MATCH", f"{layer}._modules['mlp']._modules['down_proj']._parameters['weight']"),
+              entry("CONSTANT_MATCH", f"{layer}._modules['input_layernorm'].eps"),
+              entry("TYPE_MATCH", layer)]
+    assert config.skip_nnmodule_hook_guards
+    assert step_packages.saved_guards(guards) == [False, True, True, True]
+    monkeypatch.setattr(config, "skip_nnmodule_hook_guards", False)
+    assert step_packages.saved_guards(guards) == [True, True, True, True]

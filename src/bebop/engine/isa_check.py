@@ -1,15 +1,14 @@
-"""Inductor's check of the CPU's vector instruction sets, remembered from one process to the next.
+"""Inductor's checks of the CPU's vector instruction sets, remembered from one process to the next.
 
-    with isa_checked(store):   # around loading saved graphs: inductor is told what an earlier process found
-        ...
+    with isa_checked(store):   # around loading saved graphs: each check answered from an earlier process's outcome
 
 Before a process loads its first compiled CPU kernel, inductor checks each vector instruction set the CPU
-reports (AVX2, AVX-512, AVX-512 VNNI, AMX) by building a tiny library with that set's flags and loading it in a
-child Python process: about a second on a small CPU, in every new process, with every graph already compiled.
-Its outcome depends on the CPU, the C++ compiler and torch alone, so bebop keeps it in the compile store: once a
-process has found that every set the CPU reports builds and loads, a later process on the same CPU, compiler and
-torch tells inductor so (its `cpp.vec_isa_ok`) instead of checking again. Where a set failed its check nothing
-is kept, and inductor checks in every process as before.
+reports (AVX2, AVX-512 and its BF16 extension, AVX-512 VNNI, AMX and its FP16 extension) by building a tiny
+library with that set's flags and loading it in a child Python process: half a dozen builds and child processes
+in every new process, with every graph already compiled (docs/benchmarks.md). Each outcome depends on the CPU,
+the C++ compiler and torch alone, so bebop keeps them in the compile store: a build check (its set's flags and
+its code) that one process on this machine ran is answered from the record in a later one, failures included,
+and only a check the record does not hold runs (and is added to it).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import platform
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,7 +31,7 @@ from bebop.fileio import atomic_write_text
 
 @functools.cache
 def _machine() -> dict | None:
-    """What the check's outcome depends on, or None where inductor makes no such check (not an x86 CPU); read once
+    """What the checks' outcomes depend on, or None where inductor makes no such check (not an x86 CPU); read once
     a process (graphs are loaded key by key)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
@@ -46,37 +46,51 @@ def _machine() -> dict | None:
 
 def _record(store: Path, machine: dict) -> Path:
     digest = hashlib.sha256(json.dumps(machine, sort_keys=True).encode()).hexdigest()[:16]
-    return store / f"isa-check-{digest}.json"
+    return store / f"isa-builds-{digest}.json"
 
 
-def _all_reported_pass() -> bool | None:
-    """Whether every instruction set the CPU reports passed inductor's check in this process (None: not checked)."""
-    from torch._inductor import cpu_vec_isa
+def _read(record: Path) -> dict[str, bool]:
+    """The recorded outcomes (build check -> passed), none where the record is missing or unreadable."""
+    try:
+        builds = json.loads(record.read_text())["builds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {k: v for k, v in builds.items() if isinstance(v, bool)} if isinstance(builds, dict) else {}
 
-    if not cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
-        return None
-    reported = set(cpu_vec_isa.x86_isa_checker())
-    wanted = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list if set(str(isa).split()) <= reported]
-    return [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()] == wanted
+
+def build_check(isa: Any, code: str) -> str:
+    """One build check's name: the set, the flags it builds with (a set's sub-checks add their extension's flag)
+    and the code it builds."""
+    return hashlib.sha256(f"{type(isa).__name__}\0{isa.build_arch_flags()}\0{code}".encode()).hexdigest()[:24]
 
 
 @contextlib.contextmanager
 def isa_checked(store: Path) -> Iterator[None]:
-    """Inside: inductor's instruction-set check answered from `store`'s record where an earlier process on this
-    machine found every set the CPU reports usable; otherwise checked as usual, and recorded after when all pass."""
+    """Inside: each of inductor's build checks answered from `store`'s record for this machine where an earlier
+    process ran it; the others run as usual and are recorded after the block."""
     machine = _machine()
     if machine is None:
         yield
         return
-    record = _record(store, machine)
-    if record.is_file():
-        from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import VecISA
 
-        with config.patch({"cpp.vec_isa_ok": True}):
-            yield
-        return
-    yield
-    if _all_reported_pass():
-        with contextlib.suppress(OSError):
-            store.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(record, json.dumps(machine, indent=1))
+    record = _record(store, machine)
+    known = _read(record)
+    found: dict[str, bool] = {}
+    check = VecISA.check_build
+
+    def remembered(isa: Any, code: str) -> bool:
+        name = build_check(isa, code)
+        if name not in known:
+            known[name] = found[name] = bool(check(isa, code))
+        return known[name]
+
+    VecISA.check_build = remembered  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        VecISA.check_build = check  # type: ignore[method-assign]
+        if found:
+            with contextlib.suppress(OSError):
+                store.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(record, json.dumps({**machine, "builds": known}, indent=1))

@@ -211,10 +211,14 @@ class PackagedGraph:
     def _load(self, name: str) -> list[Any]:
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
+        from torch._inductor import config
+
         out = []
         # loading the kernels asks which instruction sets this CPU runs; a graph whose guards cannot be made here
-        # (they name code this process does not have) is a file that cannot be read, not an error to log
-        with isa_checked(store_root()), _quiet("torch._guards"):
+        # (they name code this process does not have) is a file that cannot be read, not an error to log; a kernel
+        # library already built needs no precompiled header (inductor would preprocess its headers again, in
+        # every process, to see whether the header is current)
+        with isa_checked(store_root()), _quiet("torch._guards"), config.patch(cpp_cache_precompile_headers=False):
             for path in sorted(self.folder.glob(f"{name}-*{SUFFIX}")):
                 try:
                     entry = AOTCompiledFunction.deserialize(path.read_bytes())
@@ -247,10 +251,16 @@ def saved_guards(guards: Sequence[Any]) -> list[bool]:
     for ahead-of-time graphs: no guards on globals or on what cannot be written to a file), less those on a
     packed weight copy (model/packed_linear.py's GRAPH_WEIGHT): an opaque oneDNN tensor that cannot be saved with
     the guards. Whether the graph takes packed copies at all is in its key instead (compiled.py), and their shapes
-    follow from the weights', which stay guarded."""
+    follow from the weights', which stay guarded. Less, too, the guards that each module's hook dictionaries are
+    empty (six a module, a third of a step graph's guards) where dynamo itself does not check them
+    (`skip_nnmodule_hook_guards`, its default): a graph compiled in this process runs without them, but a saved
+    one would rebuild each when it loads, and half its load time went to that (docs/benchmarks.md)."""
+    from torch._dynamo import config
     from torch._dynamo.guards import CheckFunctionManager
 
-    unsaved = getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())
+    unsaved = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ()))
+    if config.skip_nnmodule_hook_guards:
+        unsaved.add("EMPTY_NN_MODULE_HOOKS_DICT")
     return [not (g.is_global or g.guard_type in unsaved or f".{GRAPH_WEIGHT}" in g.name) for g in guards]
 
 
