@@ -3,6 +3,8 @@ no traceback, and what was on disk stays as it was."""
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -137,3 +139,12 @@ def test_a_truncated_training_state_is_named(model_dir, capsys):
     (model_dir / "train_state.pt").write_bytes(data[: len(data) // 2])
     line = _refused(*_cli(capsys, "sft", "--task", "math", "--out", model_dir, "--resume", "--steps", "2"))
     assert f"{model_dir / 'train_state.pt'}" in line and "cut short" in line.split("train_state.pt", 1)[1]
+
+
+def test_loading_a_model_imports_no_compiler(tiny_model_dir):
+    """A model is loaded into a skeleton built on the meta device; nn.Embedding's random fill there would import
+    dynamo, most of a second of every command's start (eager ones included). In a process of its own."""
+    code = ("import sys; from bebop.model import load_model; load_model(sys.argv[1]); "
+            "print('torch._dynamo' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir)], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr[-2000:]

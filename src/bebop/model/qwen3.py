@@ -27,10 +27,18 @@ from bebop.model.packed_linear import PackedLinear
 from bebop.model.weight_files import StoredLayout
 
 
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """nn.Embedding(num, dim); on the meta device (a skeleton whose weights are assigned after) without its N(0, 1)
+    fill, which torch runs there through a Python reference that imports dynamo: most of a second of every
+    command that loads a model."""
+    weight = torch.empty(num, dim)  # [num, dim], on the default device (torch.device's context)
+    return nn.Embedding(num, dim, _weight=weight) if weight.is_meta else nn.Embedding(num, dim)
+
+
 class Qwen3Model(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(trunk_layers(cfg))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.rms_norm_offset)
 
