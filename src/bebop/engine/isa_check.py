@@ -85,7 +85,7 @@ def isa_checked(store: Path) -> Iterator[None]:
             known[name] = found[name] = bool(check(isa, code))
         return known[name]
 
-    VecISA.check_build = remembered  # type: ignore[method-assign]
+    VecISA.check_build = remembered  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:

@@ -210,7 +210,6 @@ class PackagedGraph:
 
     def _load(self, name: str) -> list[Any]:
         from torch._dynamo.aot_compile import AOTCompiledFunction
-
         from torch._inductor import config
 
         out = []
