@@ -461,7 +461,7 @@ def test_compiled_graphs_take_packed_weights_and_their_updates_without_recompili
     assert len(unpacked) == len(updated)
 
 
-def test_a_saved_graph_keeps_no_guards_dynamo_does_not_check(monkeypatch):
+def test_a_saved_graph_keeps_no_guards_dynamo_does_not_check():
     """The guards that a module's hook dictionaries are empty: dynamo builds none while it skips hook guards (its
     default), so a saved graph keeps none either (each would be rebuilt at load); tensors and constants stay."""
     from torch._dynamo import config
@@ -478,5 +478,6 @@ def test_a_saved_graph_keeps_no_guards_dynamo_does_not_check(monkeypatch):
               entry("TYPE_MATCH", layer)]
     assert config.skip_nnmodule_hook_guards
     assert step_packages.saved_guards(guards) == [False, True, True, True]
-    monkeypatch.setattr(config, "skip_nnmodule_hook_guards", False)
-    assert step_packages.saved_guards(guards) == [True, True, True, True]
+    with config.patch(skip_nnmodule_hook_guards=False):  # not monkeypatch: its undo deletes a config's entry
+        assert step_packages.saved_guards(guards) == [True, True, True, True]
+    assert config.skip_nnmodule_hook_guards
