@@ -251,7 +251,7 @@ def saved_guards(guards: Sequence[Any]) -> list[bool]:
     packed weight copy (model/packed_linear.py's GRAPH_WEIGHT): an opaque oneDNN tensor that cannot be saved with
     the guards. Whether the graph takes packed copies at all is in its key instead (compiled.py), and their shapes
     follow from the weights', which stay guarded. Less, too, the guards that each module's hook dictionaries are
-    empty (six a module, a third of a step graph's guards) where dynamo itself does not check them
+    empty (six a module, two fifths of a step graph's guards) where dynamo itself does not check them
     (`skip_nnmodule_hook_guards`, its default): a graph compiled in this process runs without them, but a saved
     one would rebuild each when it loads, and half its load time went to that (docs/benchmarks.md)."""
     from torch._dynamo import config
