@@ -31,8 +31,9 @@ def embedding(num: int, dim: int) -> nn.Embedding:
     """nn.Embedding(num, dim); on the meta device (a skeleton whose weights are assigned after) without its N(0, 1)
     fill, which torch runs there through a Python reference that imports dynamo: most of a second of every
     command that loads a model."""
-    weight = torch.empty(num, dim)  # [num, dim], on the default device (torch.device's context)
-    return nn.Embedding(num, dim, _weight=weight) if weight.is_meta else nn.Embedding(num, dim)
+    if torch.get_default_device().type == "meta":  # torch.device's context
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))  # weight [num, dim], unfilled
+    return nn.Embedding(num, dim)
 
 
 class Qwen3Model(nn.Module):
