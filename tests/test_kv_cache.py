@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from bebop.model import load_model
+from bebop.model.host_tensor import host_tensor
 
 
 def _full_logits(model, seq):
@@ -35,7 +36,8 @@ def test_ragged_chunks_equal_full_recompute(hf_model_dir):
     assert cache.lengths.tolist() == fed
 
 
-def test_rollback_then_continue_equals_recompute(hf_model_dir):
+@pytest.mark.parametrize("host_list", [False, True])  # the lengths as a tensor, or as the engine's host list
+def test_rollback_then_continue_equals_recompute(hf_model_dir, host_list):
     _, path = hf_model_dir
     model = load_model(path)
     g = torch.Generator().manual_seed(1)
@@ -47,7 +49,8 @@ def test_rollback_then_continue_equals_recompute(hf_model_dir):
         model(prefix, cache)
         model(junk, cache)  # e.g. rejected drafts
         keep = torch.tensor([1, 3])  # rows keep different numbers of the junk tokens
-        cache.rollback(torch.tensor([10, 10]) + keep)
+        lengths = torch.tensor([10, 10]) + keep
+        cache.rollback(lengths.tolist() if host_list else lengths, span=int(lengths.max()))
         hidden = model(good, cache)
         for b in range(2):
             seq = prefix[b].tolist() + junk[b, : keep[b]].tolist() + good[b].tolist()
@@ -107,3 +110,10 @@ def test_compact_moves_only_the_rows_that_fill_the_places_of_those_that_left(for
     for bad in ([1, 0], [2, 2], [0, 6]):
         with pytest.raises(AssertionError):
             cache.compact(bad, span=9)
+
+
+def test_host_tensor_keeps_the_shape_values_and_dtype_of_its_list():
+    ids = host_tensor([[5, 0, 7], [1, 2, 3]], torch.device("cpu"))
+    assert ids.dtype == torch.long and ids.tolist() == [[5, 0, 7], [1, 2, 3]]
+    mask = host_tensor([True, False], torch.device("cpu"), torch.bool)
+    assert mask.dtype == torch.bool and mask.tolist() == [True, False]

@@ -69,7 +69,10 @@ class SpecMetrics:
             self.accepted_per_position[d] += 1
 
     def record_step(self, rows: int, k: int) -> None:
-        self.k_histogram.setdefault(size_label(rows), Counter())[k] += 1
+        label = size_label(rows)
+        if label not in self.k_histogram:
+            self.k_histogram[label] = Counter()
+        self.k_histogram[label][k] += 1
 
     def record_emitted(self, entropies: list[float]) -> None:
         self.entropy_sum += sum(entropies)

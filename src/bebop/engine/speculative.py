@@ -47,6 +47,7 @@ from bebop.engine.step_costs import drafter_costs
 from bebop.engine.suffix_drafter import DRAFTERS, MIN_MATCH, SourceChooser, SuffixDrafter, index_for, point_mass_drafts
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
+from bebop.model.host_tensor import host_tensor
 from bebop.model.packed_linear import decoding
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams
@@ -176,6 +177,7 @@ class _SpeculativeRun:
                  index: SuffixIndex | None = None, max_k: int = DEFAULT_MAX_K) -> None:
         cfg = model.config
         self.model, self.k, self.mode, self.sampling = model, k, mode, sampling
+        self.device = model.device
         self.steps = prepared_steps(model)  # compiled when compile_steps compiled the model
         self.generator, self.pad_id, self.controller = generator, pad_id, controller
         self.book = RowBook(prompts, max_new_tokens, stop_ids, interrupt_ids, observer,
@@ -215,7 +217,7 @@ class _SpeculativeRun:
         if self.drafter == "suffix":  # the text alone: no head
             k, drafting, drafts, draft_probs = self._suffix_drafts(pending, generating)
             typical = all(len(p) == 1 for p in pending if p)
-            draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
+            draws = step_draws(len(self.live), k, self.generator, self.device)  # (R, 2k + 2): spec_step.py
         else:
             logged = self.log.counts
             can_draft = [len(p) == 1 and c > 0 for p, c in zip(pending, logged)]  # the last token only, history logged
@@ -229,7 +231,7 @@ class _SpeculativeRun:
                 k = self._deepen(k, found, generating, sum(can_draft))
             drafting = [k > 0 and d for d in can_draft]
             typical = all(len(p) == 1 for p in pending if p) and (not k or max(logged) <= self.k + 1)
-            draws = step_draws(len(self.live), k, self.generator, self.model.device)  # (R, 2k + 2): spec_step.py
+            draws = step_draws(len(self.live), k, self.generator, self.device)  # (R, 2k + 2): spec_step.py
             drafts = draft_probs = None
             self.continuations = []
             if k and found is None and _draft is _HEAD_DRAFT:  # the head drafts every row: the step in one call
@@ -249,7 +251,7 @@ class _SpeculativeRun:
             self.controller.observe(generating, k, time.perf_counter() - t0,  # a row the text had nothing for: 0
                                     [int(h[-1]) if d else 0 for h, d, a in zip(host, drafting, asked) if a])
         self.metrics.record_step(generating, k)
-        self.cache.rollback(torch.tensor(self.trunk_len, device=self.model.device), span=max(self.trunk_len))
+        self.cache.rollback(self.trunk_len, span=max(self.trunk_len))
         self._leave_finished()
 
     def _suffix_drafts(self, pending: list[list[int]], generating: int):
@@ -317,7 +319,7 @@ class _SpeculativeRun:
         """The head's cache rolled back past the drafts: each row keeps the `counts` positions its refresh wrote."""
         assert self.mtp_cache is not None
         self.mtp_len = [n + c for n, c in zip(self.mtp_len, counts)]
-        self.mtp_cache.rollback(torch.tensor(self.mtp_len, device=self.model.device), span=max(self.mtp_len))
+        self.mtp_cache.rollback(self.mtp_len, span=max(self.mtp_len))
 
     def _head_step(self, k: int, pending, drafting, draws: torch.Tensor):
         """A step whose drafts are the head's: the refresh, the drafting chain and the verify as one call of the
@@ -334,15 +336,14 @@ class _SpeculativeRun:
     def _chunk(self, k: int, pending, drafting) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The verify's input: is_draft (R,), ids (R, Wc) (a drafting row's k draft slots padded, filled in the
         verify), counts (R,)."""
-        device = self.model.device
         ids, counts = pad_chunk([p + [self.pad_id] * k if d else p for p, d in zip(pending, drafting)],
-                                self.pad_id, device)  # (R, Wc), (R,)
-        return torch.tensor(drafting, device=device), ids, counts
+                                self.pad_id, self.device)  # (R, Wc), (R,)
+        return host_tensor(drafting, self.device, torch.bool), ids, counts
 
     def _verify(self, k: int, pending, drafting, drafts, draft_probs, draws):
         """One trunk forward and the acceptance (spec_step.verify): drafting rows feed [x_last, y_1..y_k], the
         others their pending tokens. -> hidden (R, Wc, H), the step's per-row results (R, 3(k+1) + 2)."""
-        device = self.model.device
+        device = self.device
         batch = len(pending)
         is_draft, ids, counts = self._chunk(k, pending, drafting)
         if not k:

@@ -20,6 +20,7 @@ import torch
 
 from bebop.errors import BebopError
 from bebop.model.config import ModelConfig
+from bebop.model.host_tensor import host_tensor
 from bebop.model.kv_cache import KVCache
 
 
@@ -144,8 +145,10 @@ class HybridCache(KVCache):
         super().advance(num_new, chunk_len)
         self.linear.select(num_new, self.taken)
 
-    def rollback(self, lengths: torch.Tensor, span: int | None = None) -> None:
-        kept = lengths.to(self.lengths.device) - self.base  # (B,)
+    def rollback(self, lengths: torch.Tensor | list[int], span: int | None = None) -> None:
+        device = self.lengths.device
+        lengths = host_tensor(lengths, device) if isinstance(lengths, list) else lengths.to(device)
+        kept = lengths - self.base  # (B,)
         if bool(((kept < 0) | (kept > self.taken)).any()):
             raise BebopError("a hybrid cache rolls back only inside its last chunk (the recurrent state of "
                              "earlier positions is gone)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from bebop.errors import BebopError
+from bebop.model.host_tensor import host_tensor
 from bebop.model.rope import rope_table
 
 # a compaction moving at most this many rows copies them in one foreach call (a view per row and layer), more with a
@@ -75,8 +76,11 @@ class KVCache:
         self.lengths += num_new
         self.span += chunk_len
 
-    def rollback(self, lengths: torch.Tensor, span: int | None = None) -> None:
-        """Set each row's length (B,) (no copy). `span`: a known bound on max(lengths), else synced."""
+    def rollback(self, lengths: torch.Tensor | list[int], span: int | None = None) -> None:
+        """Set each row's length (B,) (no copy), from a tensor or a host list. `span`: a known bound on max(lengths),
+        else synced."""
+        if isinstance(lengths, list):
+            lengths = host_tensor(lengths, self.lengths.device)
         self.lengths.copy_(lengths)
         self.span = int(lengths.max()) if span is None else span
 
