@@ -68,6 +68,33 @@ def test_ragged_acceptance_keeps_greedy_output(spec_model, monkeypatch, mode):
     assert 0 < metrics.acceptance_rate_per_position[-1] < 1
 
 
+@pytest.mark.parametrize("drafter", ["head", "oracle"])
+@pytest.mark.parametrize("dtype_model", ["float32", "compiled"], indirect=True)
+def test_after_every_step_the_caches_hold_the_hosts_lengths(dtype_model, monkeypatch, drafter):
+    """The verify drops a row's rejected drafts and the head's chain its drafts on the device, and the host sets a
+    length only where a stop or the budget cut an accepted run short: after every step both caches' lengths are
+    the host's. The head drafts as one whole step (its acceptance ragged, low); the oracle, right most of the time,
+    makes long runs that stops and budgets cut."""
+    prompts = ids_of(PROMPTS)
+    ref = generate(dtype_model, prompts, max_new_tokens=37, sampling=SamplingParams(0.0), stop_ids=[EOS])
+    stop = ref[1].token_ids[20]  # a token that occurs mid-sequence, so stops land inside accepted runs
+    if drafter == "oracle":
+        monkeypatch.setattr(spec, "_draft", oracle_drafter(dtype_model, prompts, corrupt=0.5, seed=0))
+    held = []
+    real_step = spec._SpeculativeRun.step
+
+    def step(run):
+        real_step(run)
+        if run.live:
+            held.append((run.cache.lengths.tolist(), run.mtp_cache.lengths.tolist()) == (run.trunk_len, run.mtp_len))
+
+    monkeypatch.setattr(spec._SpeculativeRun, "step", step)
+    _, metrics = spec.speculative_generate(dtype_model, prompts, k=4 if drafter == "oracle" else 3, mode="rs",
+                                           max_new_tokens=37, sampling=SamplingParams(0.0), stop_ids=[EOS, stop])
+    assert len(held) > 5 and all(held)
+    assert 0 < metrics.acceptance_rate_per_position[0] < 1  # drafts were rejected: the device dropped them
+
+
 def test_observations_prefilled_then_drafting_resumes(spec_model, monkeypatch):
     prompts = ids_of(PROMPTS[:3])
     free = generate(spec_model, prompts, max_new_tokens=12, sampling=SamplingParams(0.0))

@@ -88,9 +88,10 @@ def draft_chain(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, 
     """Refresh the head's cache with each row's pending positions, draft k tokens.
 
     ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,) >= 1: each row's positions waiting for the head
-    (left-aligned); draws (R, k) -> drafts (R, k) int64, draft_probs (R, k, V) float32. The head cache is left
-    advanced over the drafts; the engine rolls it back to its start + ref_count (for any drafter).
-    `refresh`, `step`: draft_refresh and draft_next or functions computing the same (the compiled ones)."""
+    (left-aligned); draws (R, k) -> drafts (R, k) int64, draft_probs (R, k, V) float32. The head cache's lengths are
+    left at their start + ref_count: the drafting forwards' entries are dropped (a length change; its host span is
+    the engine's to set). `refresh`, `step`: draft_refresh and draft_next or functions computing the same (the
+    compiled ones)."""
     rows = ref_hidden.shape[0]
     column = draws[:, 0] if k else draws.new_zeros(rows)  # (R,): k = 0 refreshes alone, its draft unused
     hidden, token, q = refresh(model, head_cache, ref_hidden, ref_tokens, ref_count, column, mode=mode,
@@ -103,6 +104,8 @@ def draft_chain(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, 
                                 sampling=sampling)
         tokens.append(token)
         probs.append(q)
+    if k > 1:
+        head_cache.lengths.sub_(k - 1)  # (R,): the drafting forwards' positions, one a depth from 2
     return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
 
@@ -110,7 +113,8 @@ def verify(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Ten
            drafts: torch.Tensor, draft_probs: torch.Tensor, draws: torch.Tensor, *, k: int, mode: str,
            sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """One trunk forward and the acceptance: drafting rows feed [x_last, y_1..y_k], the others their pending
-    tokens, and every row gets its emitted tokens.
+    tokens, and every row gets its emitted tokens. The cache keeps each row's verified positions: a drafting row's
+    rejected drafts are dropped (a length change), the rest of its chunk and every other row's stay.
 
     ids (R, Wc) with Wc >= k + 1 where a row drafts (its draft slots are overwritten here), counts (R,) tokens
     fed per row (k + 1 for a drafting row), is_draft (R,) bool, drafts (R, k), draft_probs (R, k, V),
@@ -137,6 +141,7 @@ def verify(model: CausalLM, cache: KVCache, ids: torch.Tensor, counts: torch.Ten
                                                                   draws[:, -1])
         tokens = torch.where(is_draft[:, None], spec_tokens, tokens)
         accepted = torch.where(is_draft, spec_accepted, accepted)
+        cache.lengths.sub_(torch.where(is_draft, k - accepted, 0))  # (R,): the rejected drafts' positions
     logprobs = torch.log(target_probs.gather(-1, tokens.clamp_min(0)[..., None])[..., 0])  # (R, k+1)
     host = pack_host([tokens, logprobs, entropy(target_probs), accepted], logits, draft_probs)  # (R, 3(k+1) + 2)
     return hidden, host

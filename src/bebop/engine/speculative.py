@@ -16,9 +16,10 @@ the first step feeds each prompt's last token and samples plainly. Then one step
   2. verify: ONE trunk forward over [x_last, y_1..y_k] gives the target rows p_1..p_{k+1}.
   3. accept with `rejection_sample` or `target_only_sample` (lossless), emit 1..k+1 tokens;
      stop tokens and max_new_tokens truncate inside the accepted run (RowBook).
-  4. roll both caches back to the valid lengths (a length change, no copy); rows that finished
-     leave the batch once they are 1/COMPACT_EVERY of it (the caches keep only live rows), so
-     later steps cost about the live rows only.
+  4. roll both caches back to the valid lengths (a length change, no copy: the verify drops the
+     rejected drafts and the drafting chain its drafts, and the host sets a length only where a stop
+     cut a run short); rows that finished leave the batch once they are 1/COMPACT_EVERY of it (the
+     caches keep only live rows), so later steps cost about the live rows only.
 A row whose next input is an environment observation (agent task) feeds it as a prefill in the
 same verify forward and samples plainly for that step; drafting resumes on the next step.
 Exactly one device->host transfer per step (the emitted tokens and their log-probs).
@@ -244,14 +245,15 @@ class _SpeculativeRun:
                 self._refresh(0, draws[:, :0])
         hidden, host_rows = whole or self._verify(k, pending, drafting, drafts, draft_probs, draws[:, k:])
         host = read_host(host_rows)  # the step's one host sync
-        self._emit(k, pending, drafting, host, hidden)
+        whole_runs = self._emit(k, pending, drafting, host, hidden)
         typical = typical and compile_seconds(self.model) == compiling  # a step that compiled a graph is warm-up
         if self.controller and typical:  # a decode step with no catch-up: its time fits the cost model
             asked = [d or (self.drafter == "suffix" and len(fed) == 1) for d, fed in zip(drafting, pending)]
             self.controller.observe(generating, k, time.perf_counter() - t0,  # a row the text had nothing for: 0
                                     [int(h[-1]) if d else 0 for h, d, a in zip(host, drafting, asked) if a])
         self.metrics.record_step(generating, k)
-        self.cache.rollback(self.trunk_len, span=max(self.trunk_len))
+        # the verify dropped each row's rejected drafts; the host sets a length only where a row kept less
+        self.cache.rollback(self.trunk_len, span=max(self.trunk_len), current=whole_runs)
         self._leave_finished()
 
     def _suffix_drafts(self, pending: list[list[int]], generating: int):
@@ -315,11 +317,13 @@ class _SpeculativeRun:
         self._head_refreshed(counts)
         return drafts, draft_probs
 
-    def _head_refreshed(self, counts: list[int]) -> None:
-        """The head's cache rolled back past the drafts: each row keeps the `counts` positions its refresh wrote."""
+    def _head_refreshed(self, counts: list[int], current: bool = False) -> None:
+        """The head's cache rolled back past the drafts: each row keeps the `counts` positions its refresh wrote.
+        `current`: the head's drafting chain dropped its drafts itself (spec_step.draft_chain); another drafter may
+        not have."""
         assert self.mtp_cache is not None
         self.mtp_len = [n + c for n, c in zip(self.mtp_len, counts)]
-        self.mtp_cache.rollback(self.mtp_len, span=max(self.mtp_len))
+        self.mtp_cache.rollback(self.mtp_len, span=max(self.mtp_len), current=current)
 
     def _head_step(self, k: int, pending, drafting, draws: torch.Tensor):
         """A step whose drafts are the head's: the refresh, the drafting chain and the verify as one call of the
@@ -330,7 +334,7 @@ class _SpeculativeRun:
         is_draft, ids, chunk_counts = self._chunk(k, pending, drafting)
         out = self.steps.spec_step(self.model, self.cache, self.mtp_cache, ref_hidden, ref_tokens, ref_count, ids,
                                    chunk_counts, is_draft, draws, k=k, mode=self.mode, sampling=self.sampling)
-        self._head_refreshed(counts)
+        self._head_refreshed(counts, current=True)
         return out
 
     def _chunk(self, k: int, pending, drafting) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -352,8 +356,10 @@ class _SpeculativeRun:
         return self.steps.verify(self.model, self.cache, ids, counts, is_draft, drafts, draft_probs, draws, k=k,
                                  mode=self.mode, sampling=self.sampling)
 
-    def _emit(self, k: int, pending, drafting, host, hidden) -> None:
-        """Hand each row its accepted run; log the positions now valid for the next MTP refresh."""
+    def _emit(self, k: int, pending, drafting, host, hidden) -> bool:
+        """Hand each row its accepted run; log the positions now valid for the next MTP refresh. -> whether every row
+        kept its whole run (else a stop, the row's budget or an interrupt cut one inside it)."""
+        whole_runs = True
         counts: list[int] = []
         next_tokens: list[list[int]] = []
         for i, row in enumerate(self.live):
@@ -365,6 +371,7 @@ class _SpeculativeRun:
             toks = [int(t) for t in host[i][: n_acc + 1]]
             ents = host[i][2 * (k + 1): 2 * (k + 1) + n_acc + 1]
             kept = self.book.emit(row, toks, host[i][k + 1: k + 2 + n_acc], ents)
+            whole_runs = whole_runs and kept == n_acc + 1
             if drafting[i]:  # ents[d - 1] is H(p_d)
                 match, drafted = self.continuations[i] if self.continuations else (0, 0)
                 source = "suffix" if match else "mtp"
@@ -380,6 +387,7 @@ class _SpeculativeRun:
             next_tokens.append([] if done else valid[1:] + [toks[kept - 1]])
         if self.mtp_cache is not None:
             self.log.add(hidden, counts, next_tokens)
+        return whole_runs
 
     def _leave_finished(self) -> None:
         order = rows_to_keep(self.book, self.live)

@@ -145,7 +145,8 @@ class HybridCache(KVCache):
         super().advance(num_new, chunk_len)
         self.linear.select(num_new, self.taken)
 
-    def rollback(self, lengths: torch.Tensor | list[int], span: int | None = None) -> None:
+    def rollback(self, lengths: torch.Tensor | list[int], span: int | None = None, current: bool = False) -> None:
+        """KVCache.rollback; the linear layers' states select each row's kept position, `current` or not."""
         device = self.lengths.device
         lengths = host_tensor(lengths, device) if isinstance(lengths, list) else lengths.to(device)
         kept = lengths - self.base  # (B,)

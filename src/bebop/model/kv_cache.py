@@ -76,9 +76,13 @@ class KVCache:
         self.lengths += num_new
         self.span += chunk_len
 
-    def rollback(self, lengths: torch.Tensor | list[int], span: int | None = None) -> None:
+    def rollback(self, lengths: torch.Tensor | list[int], span: int | None = None, current: bool = False) -> None:
         """Set each row's length (B,) (no copy), from a tensor or a host list. `span`: a known bound on max(lengths),
-        else synced."""
+        else synced. `current`: the device's lengths are `lengths` already (the step that wrote the chunk dropped
+        what it rejected), so only the host's span moves."""
+        if current:
+            self.span = int(max(lengths)) if span is None else span
+            return
         if isinstance(lengths, list):
             lengths = host_tensor(lengths, self.lengths.device)
         self.lengths.copy_(lengths)
