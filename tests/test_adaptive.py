@@ -48,19 +48,6 @@ def test_unseen_depth_borrows_the_depth_before():
     assert est.rates()[1] == pytest.approx(est.rates()[0]) == pytest.approx(0.95, abs=0.01)
 
 
-def test_a_step_drafts_at_most_one_depth_past_the_deepest_verified():
-    policy = AdaptiveK(6, _costs(per_token=0.0, fixed=1.0, mtp=0.02))  # flat: at equal rates the deepest k pays
-    assert policy.best_draft(64) == 6  # nothing verified yet: the prior at every depth
-    policy.observe(64, 1, 1.0, [1] * 90 + [0] * 10)  # a one-draft probe: depth 1 accepted 0.9
-    assert policy.best_draft(64) == 2  # depth 2 borrows depth 1's rate for one step, depths 3-6 wait
-    deepest = []
-    for _ in range(6):
-        k = policy.best_draft(64)
-        deepest.append(k)
-        policy.observe(64, k, 1.0, [k] * 90 + [0] * 10)
-    assert deepest == [2, 3, 4, 5, 6, 6]
-
-
 def _measured(policy: AdaptiveK, rows: int) -> AdaptiveK:
     """Record a plain and a drafting step at `rows`, exactly as profiled."""
     policy.observe(rows, 0, policy.costs.profiled(rows, 0), [])

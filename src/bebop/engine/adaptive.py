@@ -7,9 +7,7 @@ expected emitted tokens per second, 0 meaning a plain step.
 
 Expected tokens of a step with k drafts: E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i (docs/method.md
 section 3), with alpha_d the running conditional acceptance at depth d (accepted at d / reached d,
-decayed so it follows a policy that changes under RL; an unseen depth borrows the depth before it, and once
-drafts were verified a step drafts at most one depth past the deepest verified: a borrowed rate is tried one depth
-at a time, not extrapolated to max_k).
+decayed so it follows a policy that changes under RL; an unseen depth borrows the depth before it).
 Cost: `StepCosts.predict(rows, k)`. The choice is argmax_k E(k) / cost(rows, k). So a large live
 batch, where a verify over k + 1 tokens per row is compute-bound, falls back to plain steps, and
 a small one drafts deep. The kind of step (plain / drafting) the estimates do not choose is measured
@@ -84,10 +82,6 @@ class AcceptanceEstimate:
         """Whether any draft was verified (else every rate is the prior)."""
         return any(self.reached)
 
-    def deepest(self) -> int:
-        """The deepest depth at which a draft was verified (0: none)."""
-        return max((d + 1 for d, reached in enumerate(self.reached) if reached), default=0)
-
     def rates(self) -> list[float]:
         out, prior = [], PRIOR_ACCEPTANCE
         for reached, accepted in zip(self.reached, self.accepted):
@@ -118,11 +112,8 @@ class AdaptiveK:
         return self.acceptance.expected_tokens(k) / self.costs.predict(rows, k, lowest)
 
     def best_draft(self, rows: int) -> int:
-        """The k >= 1 of highest predicted throughput at `rows` live rows, at most one depth past the deepest
-        verified (the depths past it borrow its rate: after a one-draft probe every depth would look as good as
-        the first, and a large batch would draft max_k until the deeper depths said otherwise)."""
-        limit = min(self.max_k, self.acceptance.deepest() + 1) if self.acceptance.seen() else self.max_k
-        return max(range(1, limit + 1), key=lambda k: self.throughput(rows, k))
+        """The k >= 1 of highest predicted throughput at `rows` live rows."""
+        return max(range(1, self.max_k + 1), key=lambda k: self.throughput(rows, k))
 
     def drafting_edge(self, rows: int, k: int, lowest: bool = False) -> float:
         """Predicted throughput of drafting k over DRAFT_MARGIN x plain's: drafting is chosen above 1. `lowest`:
