@@ -28,19 +28,10 @@ from bebop.engine.prefill import prefill
 from bebop.engine.records import Generation
 from bebop.engine.rows import Observer, RowBook
 from bebop.errors import BebopError
-from bebop.model.host_tensor import host_tensor
+from bebop.model.host_tensor import pad_chunk
 from bebop.model.packed_linear import decoding
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams, entropy, sample, to_host, token_logprob, warp_probs
-
-
-def pad_chunk(pending: list[list[int]], pad_id: int, device: torch.device,
-              width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged per-row token lists -> (B, T) right-padded ids, T the longest list but at least `width`, and (B,)
-    counts."""
-    width = max(width, max(len(p) for p in pending))
-    flat = [tok for toks in pending for tok in toks + [pad_id] * (width - len(toks))]  # one host list, one tensor
-    return host_tensor(flat, device).view(len(pending), width), host_tensor([len(p) for p in pending], device)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], context: int, vocab_size: int) -> None:

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
+from bebop.model.host_tensor import pad_chunk
 from bebop.model.kv_cache import KVCache
 from bebop.model.qwen3 import CausalLM
 
@@ -48,24 +47,18 @@ def prefill(model: CausalLM, prompts: Sequence[Sequence[int]], cache: KVCache, *
     for bucket in buckets([len(p) - 1 for p in distinct]):
         rows = [distinct[i] for i in bucket]
         width = len(rows[0]) - 1
-        ids = _padded([r[:-1] for r in rows], width, pad_id, model.device)  # (D, W) the prefixes
-        counts = torch.tensor([len(r) - 1 for r in rows], dtype=torch.long, device=model.device)  # (D,)
+        ids, counts = pad_chunk([r[:-1] for r in rows], pad_id, model.device, width)  # (D, W) the prefixes, (D,)
         scratch = model.new_cache(len(rows), width, rollback=False)  # its rows are copied, never rolled back
         hidden = model(ids, scratch, counts)  # (D, W, H), eager: a prefill's shapes are its own
         targets = [b for b, p in enumerate(keys) if len(p) > 1 and where[p] in bucket]
         sources = [bucket.index(where[keys[b]]) for b in targets]
         cache.copy_rows(scratch, sources, targets, width)
         if mtp_cache is not None:  # the head's depth-1 input at s is (h_s, x_{s+1}): x_{s+1} is in the prompt
-            nexts = _padded([r[1:] for r in rows], width, pad_id, model.device)  # (D, W)
+            nexts, _ = pad_chunk([r[1:] for r in rows], pad_id, model.device, width)  # (D, W)
             head_scratch = model.require_mtp().new_cache(len(rows), width, dtype=model.dtype, device=model.device)
             model.require_mtp()(hidden, model.embed(nexts), 1, head_scratch, counts)
             mtp_cache.copy_rows(head_scratch, sources, targets, width)
     return lengths
-
-
-def _padded(rows: list[tuple[int, ...]], width: int, pad_id: int, device: torch.device) -> torch.Tensor:
-    """Token rows -> (D, width) right-padded ids."""
-    return torch.tensor([list(r) + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
 
 
 def buckets(lengths: list[int]) -> list[list[int]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from bebop.engine.generate import pad_chunk
+from bebop.model.host_tensor import pad_chunk
 
 
 class RefreshLog:

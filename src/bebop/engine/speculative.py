@@ -38,7 +38,7 @@ import torch
 
 from bebop.engine.adaptive import AdaptiveK
 from bebop.engine.compiled import EagerSteps, compile_seconds, prepared_steps
-from bebop.engine.generate import cache_capacity, check_prompts, live_rows, pad_chunk, prefill_prompts, rows_to_keep
+from bebop.engine.generate import cache_capacity, check_prompts, live_rows, prefill_prompts, rows_to_keep
 from bebop.engine.metrics import SpecMetrics, count_draft
 from bebop.engine.records import Generation
 from bebop.engine.refresh_log import RefreshLog
@@ -48,7 +48,7 @@ from bebop.engine.step_costs import drafter_costs
 from bebop.engine.suffix_drafter import DRAFTERS, MIN_MATCH, SourceChooser, SuffixDrafter, index_for, point_mass_drafts
 from bebop.engine.suffix_index import SuffixIndex
 from bebop.errors import BebopError
-from bebop.model.host_tensor import host_tensor
+from bebop.model.host_tensor import host_tensor, pad_chunk
 from bebop.model.packed_linear import decoding
 from bebop.model.qwen3 import CausalLM
 from bebop.sampling import SamplingParams
@@ -266,7 +266,7 @@ class _SpeculativeRun:
         proposals = [p[:limit] for p, _ in found]
         self.continuations = [(n if p else 0, len(p)) for p, (_, n) in zip(proposals, found)]
         k = max(map(len, proposals), default=0)
-        drafts, draft_probs = point_mass_drafts(proposals, k, self.model.config.vocab_size, self.model.device)
+        drafts, draft_probs = point_mass_drafts(proposals, k, self.model.config.vocab_size, self.device)
         return k, [bool(p) for p in proposals], drafts, draft_probs
 
     def _deepen(self, k: int, found: list[tuple[list[int], int]], generating: int, drafting: int) -> int:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bebop.engine.generate import pad_chunk
+from bebop.model.host_tensor import pad_chunk
 from bebop.model.kv_cache import KVCache
 from bebop.model.qwen3 import CausalLM
 from bebop.mtp.draft_stats import FIELDS, row_diagnostics
