@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bebop.model import gdn_kernel
 from bebop.model.config import ModelConfig
 from bebop.model.context import AttentionContext
 from bebop.model.packed_linear import PackedLinear
@@ -42,10 +43,17 @@ def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
 
     The state is the large operand (Dk x Dv a head): each position reads it once (k^T S and q^T S in one
     matmul; the decay is a scalar a head, applied to what was read) and writes the next one in place in
-    the states tensor, with no state-sized temporaries."""
+    the states tensor, with no state-sized temporaries. On a CPU the same rule runs as gdn_kernel's C++ kernel,
+    which reads and writes each state tile once."""
     b, h, t, dk = k.shape
     states = state.new_empty(t, b, h, dk, state.shape[-1]) if out is None else out  # (T, B, Hv, Dk, Dv)
     assert states.shape == (t, b, h, dk, state.shape[-1]), (states.shape, state.shape)
+    kernel = gdn_kernel.cpu_kernel() if gdn_kernel.fits(q, v, state) else None
+    if kernel is not None and states.is_contiguous():  # the same rule, each state tile read and written once
+        outputs = v.new_empty(v.shape)  # (B, Hv, T, Dv)
+        kernel(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), state.contiguous(),
+               states, outputs)
+        return outputs, states
     decay = g.exp()[..., None]  # (B, Hv, T, 1)
     qk = (q * k).sum(-1, keepdim=True)  # (B, Hv, T, 1)
     probes = torch.stack([k, q], dim=3)  # (B, Hv, T, 2, Dk)

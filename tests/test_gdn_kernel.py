@@ -1,0 +1,118 @@
+"""The Gated DeltaNet recurrent rule's CPU kernel (model/gdn_kernel.cpp) against the pure-torch rule it replaces:
+the same outputs and states on every width it dispatches on, a decode step and a verify that round alike, and a
+failed build that leaves the torch rule serving, with a warning."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bebop.model import gdn_kernel
+from bebop.model.gated_deltanet import recurrent_rule
+
+HAS_TOOLCHAIN = shutil.which("c++") is not None and shutil.which("ninja") is not None
+
+
+def _operands(b, h, t, dk, dv, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(b, h, t, dk, generator=gen), dim=-1) * dk ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(b, h, t, dk, generator=gen), dim=-1)
+    v = torch.randn(b, h, t, dv, generator=gen)
+    g = -3 * torch.rand(b, h, t, generator=gen)  # decays from 1 to e^-3
+    beta = torch.rand(b, h, t, generator=gen)
+    state = torch.randn(b, h, dk, dv, generator=gen)
+    return q, k, v, g, beta, state
+
+
+def _torch_rule(*operands, out=None):
+    kernel = gdn_kernel._kernel
+    gdn_kernel._kernel = None  # the dispatch reads it: None runs the reference
+    try:
+        return recurrent_rule(*operands, out=out)
+    finally:
+        gdn_kernel._kernel = kernel
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    built = gdn_kernel.cpu_kernel()
+    if built is None:
+        assert not HAS_TOOLCHAIN, "a compiler and ninja are here, yet the kernel did not build"
+        pytest.skip("no C++ compiler or ninja: the torch rule serves")
+    return built
+
+
+# widths: the compile-time ones (64, 128, 256) and the run-time loop (8, 24); streaming stores where 16 divides Dv
+@pytest.mark.parametrize("b, h, t, dk, dv", [(1, 4, 1, 128, 128), (3, 4, 5, 128, 128), (2, 2, 3, 8, 8),
+                                             (2, 3, 4, 16, 24), (2, 2, 2, 64, 64), (1, 1, 2, 32, 256)])
+def test_kernel_computes_the_torch_rule(kernel, b, h, t, dk, dv):
+    operands = _operands(b, h, t, dk, dv, seed=dv + t)
+    expected_out, expected_states = _torch_rule(*operands)
+    out, states = recurrent_rule(*operands)
+    assert out.shape == (b, h, t, dv) and states.shape == (t, b, h, dk, dv)
+    torch.testing.assert_close(out, expected_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(states, expected_states, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_takes_strided_operands_and_a_staging_view(kernel):
+    """What GatedDeltaNet hands it: q, k, v transposed from (B, T, Hv, D), and states written into a view of
+    kept storage."""
+    b, h, t, dk, dv = 2, 4, 3, 128, 128
+    q, k, v, g, beta, _ = _operands(b, t, h, dk, dv, seed=1)  # (B, T, Hv, D): transposed below
+    q, k, v, g, beta = (x.transpose(1, 2) for x in (q, k, v, g, beta))
+    state = _operands(b, h, t, dk, dv, seed=3)[-1]  # (B, Hv, Dk, Dv)
+    storage = torch.empty(t * b * h * dk * dv + 100)
+    staging = storage[:t * b * h * dk * dv].view(t, b, h, dk, dv)
+    expected_out, expected_states = _torch_rule(q, k, v, g, beta, state)
+    out, states = recurrent_rule(q, k, v, g, beta, state, out=staging)
+    assert states.data_ptr() == storage.data_ptr()
+    torch.testing.assert_close(out, expected_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(staging, expected_states, rtol=1e-5, atol=1e-6)
+
+
+def test_a_verify_rounds_as_its_decode_steps(kernel):
+    """Speculation at T=0 equals greedy decoding only if a verify of k+1 tokens computes each position as the
+    decode step would: bit for bit, whatever the chunk's length."""
+    q, k, v, g, beta, state = _operands(3, 4, 4, 128, 128, seed=2)
+    chunk_out, chunk_states = recurrent_rule(q, k, v, g, beta, state)
+    s = state
+    for i in range(4):
+        out, states = recurrent_rule(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], g[:, :, i:i + 1],
+                                     beta[:, :, i:i + 1], s)
+        assert torch.equal(out[:, :, 0], chunk_out[:, :, i]) and torch.equal(states[0], chunk_states[i])
+        s = states[0]
+
+
+def test_a_failed_build_warns_and_leaves_the_torch_rule(tmp_path):
+    """A source that does not compile (standing in for a missing compiler): a warning naming the error, no
+    kernel, and the rule still answers. In a process of its own (the kernel is built once a process)."""
+    broken = tmp_path / "gdn_kernel.cpp"
+    broken.write_text("this is not C++;\n")
+    script = f"""
+import warnings
+from pathlib import Path
+import torch
+from bebop.model import gdn_kernel
+from bebop.model.gated_deltanet import recurrent_rule
+gdn_kernel.SOURCE = Path({str(broken)!r})
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert gdn_kernel.cpu_kernel() is None
+assert any("did not build" in str(w.message) for w in caught), [str(w.message) for w in caught]
+q = torch.randn(1, 2, 1, 8)
+out, states = recurrent_rule(q, q, q, -torch.rand(1, 2, 1), torch.rand(1, 2, 1), torch.zeros(1, 2, 8, 8))
+assert out.shape == (1, 2, 1, 8)
+"""
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_bebop_native_0_never_builds(tmp_path):
+    script = "from bebop.model import gdn_kernel; assert gdn_kernel.cpu_kernel() is None"
+    env = {"BEBOP_NATIVE": "0", "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (tmp_path / "ext").exists()
