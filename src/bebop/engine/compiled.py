@@ -26,12 +26,12 @@ The batch and span dimensions are dynamic too: one graph serves every live-batch
 more for batch 1) and every span, so a step at any batch size, length and k, a run with other prompts
 and every RL step reuse it, with no padding rows. Weights are graph inputs, and the graphs guard on the
 module's structure, not its identity: an optimizer's in-place update (each RL step) and a copy of the
-same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticView: its Gated DeltaNet
-states are selected in place, and what a chunk staged for a rollback comes back from the graph); its
+same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticView: what a chunk staged, its
+Gated DeltaNet states after each position, comes back from the graph, and the host selects each row's); its
 recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it, and on a
 CPU it runs compiled only up to HYBRID_MAX_ROWS live rows. What stays eager (the same functions, uncompiled): a
 prefill, a verbs' catch-up refresh wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid
-cache's rollback.
+cache's rollback and its selection of the states after a chunk.
 
 Each graph is compiled ahead of time and saved (engine/step_packages.py: a store keyed by the model's kind,
 bebop's source and torch's version): its first compile costs tens of seconds on a small CPU, a later process
@@ -310,7 +310,7 @@ class CompiledSteps(EagerSteps):
         cfg = model.config
         rope = rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, capacity)  # built outside
         k, v = _span_views(cache, chunk_len)
-        # a hybrid trunk's linear layers: their states (whole tensors, selected in place) and the chunk's bounds
+        # a hybrid trunk's linear layers: their states (read) and the chunk's bounds (written in place)
         linear = ((cache.linear.conv, cache.linear.recurrent, cache.base, cache.taken)
                   if isinstance(cache, HybridCache) else None)
         head_views = (*_span_views(*head), head[0].lengths) if head is not None else ()
@@ -337,10 +337,11 @@ class CompiledSteps(EagerSteps):
             return eager()
         (out, staged), warmup = ran
         self.compile_s += warmup  # warm-up, not decoding
-        if staged is not None:  # the hybrid chunk's per-position states, for a rollback inside it
+        if staged is not None:  # the hybrid chunk's per-position states: each row's are selected here
             assert isinstance(cache, HybridCache)
             cache.linear.windows, cache.linear.states, cache.linear.initials = (list(x) for x in staged)
             cache.linear.every_position = True
+            cache.linear.select(cache.taken, cache.taken)
         cache.span += chunk_len
         if head is not None:
             head[0].span += head[1]

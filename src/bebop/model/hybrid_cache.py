@@ -79,10 +79,8 @@ class LinearStates:
     def stage(self, slot: int, window: torch.Tensor, states: torch.Tensor, initial: torch.Tensor, *,
               every_position: bool) -> None:
         """A layer's chunk: its conv window (B, C, K-1+T), states (T or 1, B, Hv, Dk, Dv) and the state before it
-        (B, Hv, Dk, Dv), which is the recurrent state itself (a compiled graph, which selects into that in
-        place, keeps a copy)."""
-        self.windows[slot], self.states[slot] = window, states
-        self.initials[slot] = initial.clone() if torch.compiler.is_compiling() else initial
+        (B, Hv, Dk, Dv), which is the recurrent state itself (no chunk writes into that: `select` replaces it)."""
+        self.windows[slot], self.states[slot], self.initials[slot] = window, states, initial
         self.every_position = every_position
 
     def select(self, kept: torch.Tensor, whole: torch.Tensor) -> None:
@@ -99,15 +97,13 @@ class LinearStates:
                                  "SNAPSHOT_MAX tokens (only its start and end are kept)")
             index = torch.zeros_like(kept)  # the chunk's end
         moved = kept > 0  # (B,): rows whose state is one of the chunk's (else the state before it)
-        every_row = torch.compiler.is_compiling() or bool(moved.all())
+        every_row = bool(moved.all())
         width = self.conv[0].shape[-1]
         span = kept[:, None, None] + torch.arange(width, device=kept.device)  # (B, 1, K-1)
         for slot, (window, states, initial) in enumerate(zip(self.windows, self.states, self.initials)):
             assert window is not None and states is not None and initial is not None
-            self.conv[slot].copy_(window.gather(2, span.expand(-1, window.shape[1], -1)))
-            if torch.compiler.is_compiling():  # in place: the graph's input is the cache's tensor
-                self.recurrent[slot].copy_(torch.where(moved[:, None, None, None], states[index, rows], initial))
-            elif every_row and states.shape[0] == 1:
+            self.conv[slot] = window.gather(2, span.expand(-1, window.shape[1], -1))  # (B, C, K-1)
+            if every_row and states.shape[0] == 1:
                 self.recurrent[slot] = states[0]  # (B, Hv, Dk, Dv), contiguous: no copy
             elif every_row:  # one gather, no temporary
                 self.recurrent[slot] = states.flatten(0, 1).index_select(0, index * states.shape[1] + rows)

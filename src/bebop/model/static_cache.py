@@ -63,9 +63,11 @@ class StaticView(KVCache):
 
 class HybridStaticView(StaticView):
     """A hybrid trunk's cache as a compiled step sees it: the attention layers' view, the linear layers' conv and
-    recurrent states (the HybridCache's own tensors, selected in place) and its `base` / `taken` (B,). What the
-    chunk staged (`linear.windows`, `.states`, `.initials`) is graph-local: the step returns it, and the engine hands it
-    to the HybridCache so that a rollback after the verify selects from it."""
+    recurrent states (the HybridCache's own tensors, read) and its `base` / `taken` (B,), updated in place. What the
+    chunk staged (`linear.windows`, `.states`, `.initials`) the step returns, and the engine hands it to the
+    HybridCache, which selects each row's states from it on the host as after an eager chunk: a one-token chunk's
+    states become the recurrent states without a copy, where a selection inside the graph would copy them into the
+    cache's tensors and keep a copy of the states before the chunk for a rollback."""
 
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor], conv: list[torch.Tensor], recurrent: list[torch.Tensor],
@@ -80,8 +82,7 @@ class HybridStaticView(StaticView):
         # base from the advanced lengths, not a copy of them taken before: inductor writes a graph's mutated inputs
         # back after the graph, and a copy aliasing `lengths` would read the advanced value
         self.base.copy_(self.lengths - num_new)
-        self.taken.copy_(num_new)
-        self.linear.select(num_new, self.taken)
+        self.taken.copy_(num_new)  # the engine selects from what the chunk staged, after the graph
 
     def staged(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None], list[torch.Tensor | None]]:
         return self.linear.windows, self.linear.states, self.linear.initials
