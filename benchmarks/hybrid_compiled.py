@@ -4,7 +4,7 @@
 
 A random Qwen3.5 (hidden 512, 8 layers of which 6 Gated DeltaNet, V 4096, bfloat16; decode_vs_vllm.build_model,
 the shape of docs/benchmarks.md's vLLM-CPU comparison) with a random 1-layer head, loaded twice: eager, and with
-`compile_steps(model, "on")` and the hybrid row limit lifted (so every batch size runs compiled). 48 new tokens a
+`compile_steps(model, "on")`. 48 new tokens a
 row at T=1 from 16-token prompts: plain decoding at batch 1, 8 and 64 and RS K=3 at batch 1, a warm-up run each
 (which compiles) and 3 alternating timed runs; one JSON line per case with the median of per-run ratios.
 """
@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bebop.engine import compiled as compiled_module
 from bebop.engine import generate
 from bebop.engine.compiled import compile_steps
 from bebop.engine.speculative import speculative_generate
@@ -26,7 +25,6 @@ from bebop.model import load_model
 from bebop.sampling import SamplingParams
 from decode_vs_vllm import build_model, prompts_for
 
-compiled_module.HYBRID_MAX_ROWS = 1 << 20  # every batch size compiled (the engine's default: batch 1 only)
 out = Path(tempfile.mkdtemp()) / "m"
 build_model(out, 512, 8, 4096, arch="qwen35")
 models = {}

@@ -85,6 +85,21 @@ def test_a_verify_rounds_as_its_decode_steps(kernel):
         s = states[0]
 
 
+def test_a_compiled_verify_calls_the_kernel_and_a_decode_step_the_torch_rule(kernel):
+    """In a graph, a chunk of more than one token (a verify) runs the kernel, which computes it bit for bit as
+    eagerly; a one-token chunk traces the torch rule (inductor fuses it), equal to rounding."""
+    for t, exact in ((3, True), (1, False)):
+        operands = _operands(2, 4, t, 64, 64, seed=t)
+        expected = recurrent_rule(*operands)
+        torch._dynamo.reset()
+        got = torch.compile(recurrent_rule, fullgraph=True)(*operands)
+        for a, b in zip(got, expected):
+            if exact:
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_a_failed_build_warns_and_leaves_the_torch_rule(tmp_path):
     """A source that does not compile (standing in for a missing compiler): a warning naming the error, no
     kernel, and the rule still answers. In a process of its own (the kernel is built once a process)."""

@@ -28,8 +28,8 @@ and every RL step reuse it, with no padding rows. Weights are graph inputs, and 
 module's structure, not its identity: an optimizer's in-place update (each RL step) and a copy of the
 same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticView: what a chunk staged, its
 Gated DeltaNet states after each position, comes back from the graph, and the host selects each row's); its
-recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it, and on a
-CPU it runs compiled only up to HYBRID_MAX_ROWS live rows. What stays eager (the same functions, uncompiled): a
+recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it; on a CPU a verify's
+recurrence is gdn_kernel's C++ kernel, called from the graph. What stays eager (the same functions, uncompiled): a
 prefill, a verbs' catch-up refresh wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid
 cache's rollback and its selection of the states after a chunk.
 
@@ -70,10 +70,6 @@ COMPILE_CHOICES = ("auto", "on", "off")
 MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
 PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md)
 LOADS_PAY_AFTER_STEPS = 500  # `auto`: decode steps that pay for loading saved graphs (docs/benchmarks.md)
-# on a CPU a hybrid trunk runs compiled up to this many live rows (both paths on oneDNN's packed weights,
-# model/packed_linear.py): the compiled step is the faster one at 1 and 8 rows, the eager one at 64
-# (docs/benchmarks.md); on other devices a hybrid compiles at every batch size
-HYBRID_MAX_ROWS = 8
 
 _STEPS: weakref.WeakKeyDictionary[CausalLM, CompiledSteps] = weakref.WeakKeyDictionary()
 _CALLS = itertools.count()  # engine calls (prepared_steps): a graph's guards are checked anew in each
@@ -299,8 +295,6 @@ class CompiledSteps(EagerSteps):
         `eager()` instead when compiling fails. `dynamic_chunk`: dimension 1 of the chunk's (B, T, ...) inputs is
         dynamic (one graph for every chunk length from 2 up). `head`: a second cache the graph writes (the head's, in
         a whole speculative step) and the positions it writes there; its views follow the trunk's linear states."""
-        if isinstance(cache, HybridCache) and cache.lengths.device.type == "cpu" and cache.batch_size > HYBRID_MAX_ROWS:
-            return eager()
         cache.check_room(chunk_len)
         capacity = cache.capacity
         if head is not None:

@@ -6,10 +6,13 @@
 
 The kernel reads each (row, head) state tile from memory once and writes it once where the pure-torch
 `recurrent_rule` streams the whole batch's states through memory five times; it computes the same rule (and is
-tested against it). torch's C++ extension builder compiles it for this machine's instruction set (with the
-compiler inductor uses, and ninja, a dependency) into torch's extension directory (TORCH_EXTENSIONS_DIR, by default under
-~/.cache): the first process on a machine waits for the build (about 20 s), later ones load it. Where no compiler
-or ninja is found the build fails once, with a warning naming why, and every layer runs the torch rule.
+tested against it). It runs in every eager chunk that keeps its states (decode steps, verifies) and, registered
+as an op that a graph being compiled calls, in a compiled verify; a compiled one-token step keeps the torch rule,
+which inductor fuses. torch's C++ extension builder compiles it for this machine's instruction set (with the
+compiler inductor uses, and ninja, a dependency) into torch's extension directory (TORCH_EXTENSIONS_DIR, by default
+under ~/.cache): the first process on a machine waits for the build (about 20 s), later ones load it. Where no
+compiler or ninja is found the build fails once, with a warning naming why, and every layer runs the torch rule;
+the compile store keeps a hybrid's graphs apart by whether the kernel was there (engine/step_packages.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ ENV = "BEBOP_NATIVE"  # "0": never build or use native kernels
 
 _kernel: Callable[..., None] | None = None
 _tried = False
+_faked = False
 
 
 def _cpu_flags() -> str:
@@ -87,6 +91,7 @@ def cpu_kernel() -> Callable[..., None] | None:
             finally:
                 os.environ["PATH"] = path
         _kernel = torch.ops.bebop_native.gdn_recurrent
+        _register_fake()
     except Exception as e:  # no compiler, no ninja, an unknown -march: the torch rule serves
         lines = str(e).strip().splitlines() or [repr(e)]
         why = next((line.strip() for line in lines if "error" in line.lower() and "Error building" not in line), lines[-1])
@@ -96,8 +101,23 @@ def cpu_kernel() -> Callable[..., None] | None:
     return _kernel
 
 
+def _register_fake() -> None:
+    """What a graph being compiled sees of the kernel (inductor then calls it as an extern op): it writes `states`
+    and `out` and returns nothing. Registered once a process."""
+    global _faked
+    if not _faked:
+        torch.library.register_fake("bebop_native::gdn_recurrent")(_writes_only)
+        _faked = True
+
+
+def _writes_only(q, k, v, g, beta, state, states, out) -> None:
+    return None
+
+
 def fits(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> bool:
-    """Whether the kernel takes these operands: float32 on a CPU, outside a graph being compiled (which traces
-    the torch rule), a value head within its scratch."""
-    return (not torch.compiler.is_compiling() and state.device.type == "cpu" and v.shape[-1] <= MAX_DV
-            and q.dtype == v.dtype == state.dtype == torch.float32)
+    """Whether the kernel takes these operands (q (B, Hv, T, Dk)): float32 on a CPU, a value head within its
+    scratch, and in a graph being compiled a chunk of more than one token (a verify). A one-token chunk's graph
+    keeps the torch rule, which inductor fuses into two passes over the states: there it ran faster than the
+    kernel (docs/benchmarks.md)."""
+    return (state.device.type == "cpu" and v.shape[-1] <= MAX_DV and q.dtype == v.dtype == state.dtype == torch.float32
+            and (q.shape[2] > 1 or not torch.compiler.is_compiling()))
