@@ -34,8 +34,7 @@ MAX_DV = 1024  # the kernel's scratch per value head (gdn_kernel.cpp's kMaxDv)
 ENV = "BEBOP_NATIVE"  # "0": never build or use native kernels
 
 _kernel: Callable[..., None] | None = None
-_tried = False
-_faked = False
+_tried = False  # cpu_kernel's body runs once a process
 
 
 def _cpu_flags() -> str:
@@ -91,7 +90,8 @@ def cpu_kernel() -> Callable[..., None] | None:
             finally:
                 os.environ["PATH"] = path
         _kernel = torch.ops.bebop_native.gdn_recurrent
-        _register_fake()
+        # what a graph being compiled sees of it (inductor then calls it as an extern op): writes, no result
+        torch.library.register_fake("bebop_native::gdn_recurrent")(_writes_only)
     except Exception as e:  # no compiler, no ninja, an unknown -march: the torch rule serves
         lines = str(e).strip().splitlines() or [repr(e)]
         why = next((line.strip() for line in lines if "error" in line.lower() and "Error building" not in line), lines[-1])
@@ -101,16 +101,8 @@ def cpu_kernel() -> Callable[..., None] | None:
     return _kernel
 
 
-def _register_fake() -> None:
-    """What a graph being compiled sees of the kernel (inductor then calls it as an extern op): it writes `states`
-    and `out` and returns nothing. Registered once a process."""
-    global _faked
-    if not _faked:
-        torch.library.register_fake("bebop_native::gdn_recurrent")(_writes_only)
-        _faked = True
-
-
 def _writes_only(q, k, v, g, beta, state, states, out) -> None:
+    """The kernel's fake: it writes `states` and `out` and returns nothing."""
     return None
 
 

@@ -27,8 +27,8 @@ from bebop.model.kv_cache import KVCache
 class LinearStates:
     """conv (B, C, K-1) and recurrent (B, Hv, Dk, Dv, float32) states per linear layer, and what the last chunk
     staged per layer: its conv window, the states after its positions and the state before it. The states are
-    separate tensors: a compiled step writes the cache's own in place (one stacked buffer would be copied whole
-    at each layer's write); an eager step hands a row-complete one-token chunk's states over without a copy."""
+    separate tensors, so that `select` hands a row-complete one-token chunk's states over without a copy (after an
+    eager chunk, and after a compiled one, whose graph returns what it staged)."""
 
     def __init__(self, conv: list[torch.Tensor], recurrent: list[torch.Tensor], *, snapshots: bool = True) -> None:
         self.snapshots = snapshots  # whether a short chunk keeps every position's state (False: a prefill's scratch)
