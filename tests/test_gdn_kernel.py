@@ -86,13 +86,17 @@ def test_a_verify_rounds_as_its_decode_steps(kernel):
 
 
 def test_a_compiled_verify_calls_the_kernel_and_a_decode_step_the_torch_rule(kernel):
-    """In a graph, a chunk of more than one token (a verify) runs the kernel, which computes it bit for bit as
-    eagerly; a one-token chunk traces the torch rule (inductor fuses it), equal to rounding."""
-    for t, exact in ((3, True), (1, False)):
+    """In a graph, a chunk of more than one token (a verify) or one given the storage for its states (a compiled
+    step's: the cache's kept buffers) runs the kernel, which computes it bit for bit as eagerly; a one-token chunk
+    that allocates its states traces the torch rule (inductor fuses it), equal to rounding."""
+    for t, given, exact in ((3, False, True), (1, True, True), (1, False, False)):
         operands = _operands(2, 4, t, 64, 64, seed=t)
         expected = recurrent_rule(*operands)
+        out = torch.full_like(expected[1], float("nan")) if given else None
         torch._dynamo.reset()
-        got = torch.compile(recurrent_rule, fullgraph=True)(*operands)
+        got = torch.compile(recurrent_rule, fullgraph=True)(*operands, out)
+        if given:
+            assert got[1].data_ptr() == out.data_ptr()  # written where it was told
         for a, b in zip(got, expected):
             if exact:
                 assert torch.equal(a, b)

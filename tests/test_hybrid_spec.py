@@ -118,3 +118,34 @@ def test_greedy_equals_plain_on_the_moe_hybrid(tmp_path):
     gens, metrics = spec.speculative_generate(model, prompts, k=3, mode="rs", max_new_tokens=20,
                                               sampling=SamplingParams(0.0), stop_ids=[EOS])
     assert [g.token_ids for g in gens] == [g.token_ids for g in ref] and metrics.num_drafts > 0
+
+
+@torch.inference_mode()  # as the engine runs its steps
+def test_a_compiled_chunk_writes_its_states_into_the_caches_kept_storage(tmp_path):
+    """A compiled chunk is given the storage an eager one writes its states into (the cache's kept buffers: a
+    graph allocating its own would map tens of MB afresh each step at 64 rows), and stages there what the eager
+    chunk stages: a one-token chunk's states become the recurrent state, a verify's stay rollback-able."""
+    model, eager = headed_hybrid(tmp_path / "compiled"), headed_hybrid(tmp_path / "eager")
+    assert compile_steps(model, "on")
+    steps = compiled_steps(model)
+    ids = torch.randint(3, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    caches = [m.new_cache(2, 32) for m in (model, eager)]
+    for m, cache in zip((model, eager), caches):
+        m(ids[:, :8], cache, torch.tensor([8, 8]))  # the prompt, eager in both
+    for chunk in (ids[:, 8:9], ids[:, 9:12]):
+        counts = torch.full((2,), chunk.shape[1])
+        got = steps.forward(model, chunk, caches[0], counts)
+        torch.testing.assert_close(got, eager(chunk, caches[1], counts), rtol=1e-4, atol=1e-4)
+        linear = caches[0].linear
+        for slot, kept in enumerate(linear.buffers):
+            staged = linear.states[slot]
+            assert staged is not None and staged.shape[0] == chunk.shape[1]
+            storages = {b.untyped_storage().data_ptr() for b in kept}
+            assert staged.untyped_storage().data_ptr() in storages
+            if chunk.shape[1] == 1:  # the state after the chunk is its staged one, not a copy
+                assert linear.recurrent[slot].untyped_storage().data_ptr() in storages
+    assert steps.calls["trunk"] == 2
+    for cache in caches:
+        cache.rollback([10, 11])  # row 0 keeps one of the verify's three tokens, row 1 two
+    for mine, theirs in zip(caches[0].linear.recurrent, caches[1].linear.recurrent):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)

@@ -304,8 +304,9 @@ class CompiledSteps(EagerSteps):
         cfg = model.config
         rope = rope_table(cfg.rotary_dim, cfg.rope_theta, model.dtype, model.device, capacity)  # built outside
         k, v = _span_views(cache, chunk_len)
-        # a hybrid trunk's linear layers: their states (read) and the chunk's bounds (written in place)
-        linear = ((cache.linear.conv, cache.linear.recurrent, cache.base, cache.taken)
+        # a hybrid trunk's linear layers: their states (read), the chunk's bounds and the states it stages (written
+        # in place: kept storage, which a graph allocating its own would map afresh each step)
+        linear = ((cache.linear.conv, cache.linear.recurrent, cache.base, cache.taken, cache.linear.stagings(chunk_len))
                   if isinstance(cache, HybridCache) else None)
         head_views = (*_span_views(*head), head[0].lengths) if head is not None else ()
         batch1 = cache.batch_size == 1
@@ -362,13 +363,16 @@ def _dynamic_dims(k, v, rope, cache: KVCache, linear, head_views: tuple, args: t
     graph); with `dynamic_chunk`, dimension 1 of a (B, T, ...) input: T, or k or k + 2 in a verify."""
     head_kv = [*head_views[0], *head_views[1]] if head_views else []
     dims: Dynamic = [(t, 2, True) for t in k + v + head_kv] + [(t, 0, True) for t in rope]
+    staging = linear[4] if linear else []  # (T, B, Hv, Dk, Dv) a layer
     if cache.batch_size > 1:
-        states = [*linear[0], *linear[1], *linear[2:]] if linear else []
+        states = [*linear[0], *linear[1], *linear[2:4]] if linear else []
         head_all = [*head_kv, head_views[2]] if head_views else []
         dims += [(t, 0, True) for t in [*k, *v, cache.lengths, *states, *head_all,
                                         *(a for a in args if isinstance(a, torch.Tensor))]]
+        dims += [(t, 1, True) for t in staging]
     if dynamic_chunk:
         dims += [(a, 1, False) for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
+        dims += [(t, 0, False) for t in staging]
     return dims
 
 

@@ -48,7 +48,7 @@ def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     b, h, t, dk = k.shape
     states = state.new_empty(t, b, h, dk, state.shape[-1]) if out is None else out  # (T, B, Hv, Dk, Dv)
     assert states.shape == (t, b, h, dk, state.shape[-1]), (states.shape, state.shape)
-    kernel = gdn_kernel.cpu_kernel() if gdn_kernel.fits(q, v, state) else None
+    kernel = gdn_kernel.cpu_kernel() if gdn_kernel.fits(q, v, state, given=out is not None) else None
     if kernel is not None and states.is_contiguous():  # the same rule, each state tile read and written once
         outputs = v.new_empty(v.shape)  # (B, Hv, T, Dv)
         kernel(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), state.contiguous(),

@@ -106,10 +106,11 @@ def _writes_only(q, k, v, g, beta, state, states, out) -> None:
     return None
 
 
-def fits(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> bool:
+def fits(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, *, given: bool) -> bool:
     """Whether the kernel takes these operands (q (B, Hv, T, Dk)): float32 on a CPU, a value head within its
-    scratch, and in a graph being compiled a chunk of more than one token (a verify). A one-token chunk's graph
-    keeps the torch rule, which inductor fuses into two passes over the states: there it ran faster than the
-    kernel (docs/benchmarks.md)."""
+    scratch, and in a graph being compiled a chunk of more than one token (a verify) or one whose states go to storage
+    the step was `given` (the cache's kept buffers). A one-token graph that allocates its states keeps the torch rule,
+    which inductor fuses into two passes over the states; writing fresh memory, the kernel was slower there
+    (docs/benchmarks.md)."""
     return (state.device.type == "cpu" and v.shape[-1] <= MAX_DV and q.dtype == v.dtype == state.dtype == torch.float32
-            and (q.shape[2] > 1 or not torch.compiler.is_compiling()))
+            and (q.shape[2] > 1 or given or not torch.compiler.is_compiling()))

@@ -20,6 +20,7 @@ import torch
 
 from bebop.errors import BebopError
 from bebop.model.config import ModelConfig
+from bebop.model.gated_deltanet import SNAPSHOT_MAX
 from bebop.model.host_tensor import host_tensor
 from bebop.model.kv_cache import KVCache
 
@@ -43,6 +44,7 @@ class LinearStates:
         # Dv) tensor each step is tens of MB at 64 rows, which the allocator maps afresh): per layer a pair for
         # one-token chunks, whose states become the recurrent state in turn, and one for longer chunks
         self.buffers: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self.given: list[torch.Tensor] = []  # in a compiled step's view: each layer's staging, passed in (or none)
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch_size: int, *, dtype: torch.dtype, device: torch.device | str,
@@ -60,9 +62,10 @@ class LinearStates:
 
     def staging(self, slot: int, t: int) -> torch.Tensor | None:
         """Where a chunk of t tokens writes its states (t, B, Hv, Dk, Dv): a view of kept storage that the
-        layer's recurrent state does not live in, or None inside a compiled graph (which allocates its own)."""
+        layer's recurrent state does not live in. Inside a compiled graph: the view the step was given (the host
+        took it from here before the graph, see `stagings`), or None (the graph allocates its own)."""
         if torch.compiler.is_compiling():
-            return None
+            return self.given[slot] if self.given else None
         recurrent = self.recurrent[slot]  # (B, Hv, Dk, Dv)
         kept = self.buffers[slot]
         if not kept:
@@ -75,6 +78,13 @@ class LinearStates:
         if kept[i].numel() < need:
             kept[i] = recurrent.new_empty(need)
         return kept[i][:need].view(t, *recurrent.shape)
+
+    def stagings(self, t: int) -> list[torch.Tensor]:
+        """Every layer's staging for a chunk of t tokens: what a compiled step is given, so that its graph writes the
+        states into kept storage, as an eager chunk does (none where the chunk keeps only its end)."""
+        if not self.snapshots or t > SNAPSHOT_MAX:
+            return []
+        return [view for slot in range(len(self.conv)) if (view := self.staging(slot, t)) is not None]
 
     def stage(self, slot: int, window: torch.Tensor, states: torch.Tensor, initial: torch.Tensor, *,
               every_position: bool) -> None:

@@ -2,7 +2,7 @@
 
     view = StaticView(k, v, cache.lengths, rope)   # inside the compiled function; k, v: views of the used span
     hidden = model(ids, view, num_new)             # writes in place, lengths += num_new
-    view = HybridStaticView(k, v, cache.lengths, rope, conv, recurrent, base, taken)   # a hybrid trunk's
+    view = HybridStaticView(k, v, cache.lengths, rope, conv, recurrent, base, taken, staging)   # a hybrid's
 
 A KVCache attends over its used span, a host-side int that grows every step: a graph that read it
 would specialise on it and recompile every step. The view reads no host state: the chunk attends
@@ -63,7 +63,8 @@ class StaticView(KVCache):
 
 class HybridStaticView(StaticView):
     """A hybrid trunk's cache as a compiled step sees it: the attention layers' view, the linear layers' conv and
-    recurrent states (the HybridCache's own tensors, read) and its `base` / `taken` (B,), updated in place. What the
+    recurrent states (the HybridCache's own tensors, read), its `base` / `taken` (B,), updated in place, and the
+    storage the chunk writes its states into (LinearStates.stagings: kept from step to step). What the
     chunk staged (`linear.windows`, `.states`, `.initials`) the step returns, and the engine hands it to the
     HybridCache, which selects each row's states from it on the host as after an eager chunk: a one-token chunk's
     states become the recurrent states without a copy, where a selection inside the graph would copy them into the
@@ -71,10 +72,12 @@ class HybridStaticView(StaticView):
 
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor], conv: list[torch.Tensor], recurrent: list[torch.Tensor],
-                 base: torch.Tensor, taken: torch.Tensor) -> None:
+                 base: torch.Tensor, taken: torch.Tensor, staging: list[torch.Tensor]) -> None:
         super().__init__(k, v, lengths, rope)
         same_rows(lengths, [*conv, *recurrent, base, taken])
+        assert all(s.shape[1:] == r.shape for s, r in zip(staging, recurrent)), "staging: (T, B, Hv, Dk, Dv) a layer"
         self.linear = LinearStates(conv, recurrent)
+        self.linear.given = staging  # where the chunk writes its states (the cache's kept storage), or none
         self.base, self.taken = base, taken  # (B,) each, updated in place
 
     def advance(self, num_new: torch.Tensor, chunk_len: int) -> None:
