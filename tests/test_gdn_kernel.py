@@ -72,10 +72,31 @@ def test_kernel_takes_strided_operands_and_a_staging_view(kernel):
     torch.testing.assert_close(staging, expected_states, rtol=1e-5, atol=1e-6)
 
 
-def test_a_verify_rounds_as_its_decode_steps(kernel):
+@pytest.mark.parametrize("b, h, t, dk, dv", [(3, 4, 5, 128, 128), (2, 3, 4, 16, 24), (1, 1, 2, 32, 256)])
+def test_a_bfloat16_state_is_computed_in_float32_and_rounded_as_written(kernel, b, h, t, dk, dv):
+    """States kept in bfloat16 (CausalLM.state_dtype): the kernel widens, computes in float32 and rounds each
+    position's state as torch rounds, as the torch rule does; both stay near the float32 rule, and far from it
+    where the state is not used (a check that the test can fail)."""
+    *rest, state = _operands(b, h, t, dk, dv, seed=dv + t)
+    state = state.bfloat16()
+    expected_out, expected_states = _torch_rule(*rest, state)
+    out, states = recurrent_rule(*rest, state)
+    assert states.dtype == torch.bfloat16 and out.dtype == torch.float32
+    # one bfloat16 step (2^-8 relative) where the float32 arithmetic rounds the other way at a boundary
+    torch.testing.assert_close(states.float(), expected_states.float(), rtol=2 ** -7, atol=1e-4)
+    torch.testing.assert_close(out, expected_out, rtol=1e-3, atol=1e-4)
+    assert (states != expected_states).float().mean() < 1e-3  # such boundaries are rare
+    wide_out, wide_states = _torch_rule(*rest, state.float())
+    torch.testing.assert_close(out, wide_out, rtol=0.05, atol=0.02)
+    assert not torch.allclose(out, _torch_rule(*rest, torch.zeros_like(state))[0], rtol=0.05, atol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_verify_rounds_as_its_decode_steps(kernel, dtype):
     """Speculation at T=0 equals greedy decoding only if a verify of k+1 tokens computes each position as the
-    decode step would: bit for bit, whatever the chunk's length."""
+    decode step would: bit for bit, whatever the chunk's length (a bfloat16 state rounded at every position)."""
     q, k, v, g, beta, state = _operands(3, 4, 4, 128, 128, seed=2)
+    state = state.to(dtype)
     chunk_out, chunk_states = recurrent_rule(q, k, v, g, beta, state)
     s = state
     for i in range(4):

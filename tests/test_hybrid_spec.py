@@ -11,6 +11,7 @@ import torch
 from bebop.engine import generate
 from bebop.engine import speculative as spec
 from bebop.engine.compiled import compile_steps, compiled_steps
+from bebop.errors import BebopError
 from bebop.model import load_model
 from bebop.sampling import SamplingParams
 from qwen35_helpers import headed_hybrid, make_hf_qwen35
@@ -149,3 +150,35 @@ def test_a_compiled_chunk_writes_its_states_into_the_caches_kept_storage(tmp_pat
         cache.rollback([10, 11])  # row 0 keeps one of the verify's three tokens, row 1 two
     for mine, theirs in zip(caches[0].linear.recurrent, caches[1].linear.recurrent):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_bfloat16_states_keep_speculation_lossless_and_rollback_exact(tmp_path, monkeypatch, compiled):
+    """CausalLM.state_dtype = bfloat16 (vLLM's default precision for the states): the caches keep the recurrent
+    states in bfloat16, a verify rounds each position's state as a decode step does, so T=0 speculation equals
+    greedy and ragged acceptances roll back exactly; the logits stay near the float32 states' and differ from them
+    (the states are used in bfloat16, not widened and kept)."""
+    model = headed_hybrid(tmp_path / "m")
+    if compiled:
+        assert compile_steps(model, "on")
+    prompts = ids_of(PROMPTS)
+    wide = model(torch.tensor([prompts[0]]))  # no cache: the float32 rule
+    model.state_dtype = torch.bfloat16
+    cache = model.new_cache(1, 64)
+    assert all(s.dtype == torch.bfloat16 for s in cache.linear.recurrent)
+    with torch.inference_mode():
+        head, *rest = prompts[0]
+        steps = [model(torch.tensor([[head]]), cache, torch.tensor([1]))]
+        steps += [model(torch.tensor([[t]]), cache, torch.tensor([1])) for t in rest]
+    narrow = torch.cat(steps, dim=1)
+    torch.testing.assert_close(narrow, wide, rtol=0.05, atol=0.05)
+    assert not torch.equal(narrow, wide)
+    test_greedy_equals_plain_on_the_hybrid(model, "rs", 4)
+    _ragged(model, monkeypatch, "rs")  # last: it replaces the drafter
+
+
+def test_a_state_dtype_other_than_float32_or_bfloat16_is_refused(tmp_path):
+    model = headed_hybrid(tmp_path / "m")
+    model.state_dtype = torch.float16
+    with pytest.raises(BebopError, match="float32 or bfloat16, not torch.float16"):
+        model.new_cache(1, 8)

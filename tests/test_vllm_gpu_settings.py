@@ -97,3 +97,11 @@ def test_sleep_mode_is_refused_without_a_gpu(tmp_path):
 
     with pytest.raises(BebopError, match="--vllm-sleep .* needs a CUDA device"):
         VllmServer(None, tmp_path, dtype="float32", sleep=True)
+
+
+def test_a_hybrids_worker_keeps_the_states_in_bebops_state_dtype():
+    """vLLM's default ("auto") keeps a hybrid's recurrent states in the model's dtype; bebop's worker asks for the
+    precision bebop keeps them in (CausalLM.state_dtype), so both engines compute the same thing."""
+    config = {"model": "M", "mamba_ssm_cache_dtype": "float32"}
+    assert llm_arguments(config, cpu=True)["mamba_ssm_cache_dtype"] == "float32"
+    assert "mamba_ssm_cache_dtype" not in llm_arguments({"model": "M", "mamba_ssm_cache_dtype": None}, cpu=True)

@@ -62,12 +62,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_policy(model_dir: str | os.PathLike, *, dtype: str = "float32", device: str = "auto",
-                template_kwargs: str = "") -> Policy:
+                template_kwargs: str = "", state_dtype: str = "float32") -> Policy:
     """The model, tokenizer, chat template and stop tokens of a model directory; `template_kwargs`: extra
-    chat-template variables as JSON text (--chat-template-kwargs, bebop.chat.parse_template_kwargs)."""
-    if dtype not in DTYPES:
-        raise BebopError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    chat-template variables as JSON text (--chat-template-kwargs, bebop.chat.parse_template_kwargs); `state_dtype`:
+    what a hybrid's caches keep its recurrent states in (CausalLM.state_dtype)."""
+    for name, value in (("dtype", dtype), ("state dtype", state_dtype)):
+        if value not in DTYPES:
+            raise BebopError(f"unknown {name} {value!r} (choose from {', '.join(DTYPES)})")
     model = load_model(model_dir, dtype=DTYPES[dtype], device=resolve_device(device))
+    model.state_dtype = DTYPES[state_dtype]
     codec = load_tokenizer(model_dir, eos_id=(model.config.stop_token_ids or (None,))[0])
     if codec.vocab_size > model.config.vocab_size:
         raise BebopError(f"tokenizer has {codec.vocab_size} tokens but the model's vocab_size is "

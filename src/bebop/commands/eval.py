@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> None:
         raise BebopError("--task or --data required")
     if args.reward and not args.data:
         raise BebopError("--reward scores rows of --data; the generated tasks score themselves")
-    policy = load_policy(args.model, dtype=args.dtype, device=args.device, template_kwargs=args.chat_template_kwargs)
+    policy = load_policy(args.model, dtype=args.dtype, device=args.device, template_kwargs=args.chat_template_kwargs,
+                         state_dtype=args.state_dtype)
     task = run_task(policy, task=args.task, difficulty=args.difficulty, data=args.data or "", reward=args.reward)
     n = min(args.n, len(task.rows)) if isinstance(task, DatasetTask) else args.n
     problems = task.problems("test", n, args.seed)

@@ -65,6 +65,10 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     """The decoding engine's device and dtype, and the decoding flags (generate, eval)."""
     p.add_argument("--dtype", "--rollout-dtype", dest="dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the model's dtype for decoding (--rollout-dtype: the same flag under rl's name)")
+    p.add_argument("--state-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="what a hybrid model's caches keep its linear layers' recurrent states in (bfloat16: half the "
+                        "memory traffic a decode step makes, as vLLM keeps them by default; the rule computes in "
+                        "float32 either way)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     add_field_flags(p, DecodeSpec)  # --engine, --spec, --k, --max-k, --compile, --vllm-python
 

@@ -111,7 +111,8 @@ def _warn_context(rows: list[dict], context: int, max_new_tokens: int) -> None:
 
 def run_generate(args: argparse.Namespace) -> None:
     given = collect_prompts(args)
-    policy = load_policy(args.model, dtype=args.dtype, device=args.device, template_kwargs=args.chat_template_kwargs)
+    policy = load_policy(args.model, dtype=args.dtype, device=args.device, template_kwargs=args.chat_template_kwargs,
+                         state_dtype=args.state_dtype)
     prompts = [policy.prompt_text(p, f"prompt {i}") for i, p in enumerate(given)]  # chats rendered
     rows, metrics = generate_rows(policy, prompts, args)
     _warn_context(rows, policy.model.config.max_position_embeddings, args.max_new_tokens)

@@ -310,7 +310,7 @@ class CompiledSteps(EagerSteps):
                   if isinstance(cache, HybridCache) else None)
         head_views = (*_span_views(*head), head[0].lengths) if head is not None else ()
         batch1 = cache.batch_size == 1
-        key = (model.dtype, batch1, "dynamic" if dynamic_chunk and chunk_len > 1 else chunk_len, self.packed,
+        key = (model.dtype, model.state_dtype, batch1, "dynamic" if dynamic_chunk and chunk_len > 1 else chunk_len, self.packed,
                *(a for a in args if not isinstance(a, torch.Tensor)))  # the graph's candidates; its guards decide
         # within one engine call the model, its weights and the process's state stay as they are, and the cache's
         # buffers are the same: a call whose tensors have the shapes of the last call's that passed the graph's guards

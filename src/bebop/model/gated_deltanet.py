@@ -36,10 +36,12 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    state: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k (B, Hv, T, Dk) normed and scaled, v (B, Hv, T, Dv), g, beta (B, Hv, T), state (B, Hv, Dk, Dv),
-    all float32 -> outputs (B, Hv, T, Dv) and the states after each position (T, B, Hv, Dk, Dv), written
-    into `out` when given (storage the cache reuses; position-major, so each position's states are one
-    contiguous block).
+    """q, k (B, Hv, T, Dk) normed and scaled, v (B, Hv, T, Dv), g, beta (B, Hv, T), all float32, and state
+    (B, Hv, Dk, Dv), float32 or bfloat16 -> outputs (B, Hv, T, Dv) float32 and the states after each position
+    (T, B, Hv, Dk, Dv) in the state's dtype, written into `out` when given (storage the cache reuses;
+    position-major, so each position's states are one contiguous block). The arithmetic is float32; a bfloat16
+    state is rounded as each position's is written, and the next position reads the rounded one, as the next
+    decode step would.
 
     The state is the large operand (Dk x Dv a head): each position reads it once (k^T S and q^T S in one
     matmul; the decay is a scalar a head, applied to what was read) and writes the next one in place in
@@ -58,15 +60,20 @@ def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     qk = (q * k).sum(-1, keepdim=True)  # (B, Hv, T, 1)
     probes = torch.stack([k, q], dim=3)  # (B, Hv, T, 2, Dk)
     outs = []
+    wide = state.dtype == torch.float32  # else a bfloat16 state, widened to compute and rounded as written
     for i in range(t):
         s = state if i == 0 else states[i - 1]  # (B, Hv, Dk, Dv)
+        s = s if wide else s.float()
         read = probes[:, :, i] @ s  # (B, Hv, 2, Dv): k^T S and q^T S
         e = decay[:, :, i]  # (B, Hv, 1)
         delta = (v[:, :, i] - e * read[:, :, 0]) * beta[:, :, i, None]  # (B, Hv, Dv)
         outs.append(e * read[:, :, 1] + qk[:, :, i] * delta)  # q^T (e S + k delta^T)
         nxt = states[i]
-        torch.mul(s, e[..., None], out=nxt)
-        nxt.addcmul_(k[:, :, i, :, None], delta[:, :, None, :])  # e S + k delta^T
+        if wide:
+            torch.mul(s, e[..., None], out=nxt)
+            nxt.addcmul_(k[:, :, i, :, None], delta[:, :, None, :])  # e S + k delta^T
+        else:
+            nxt.copy_(torch.addcmul(s * e[..., None], k[:, :, i, :, None], delta[:, :, None, :]))
     return torch.stack(outs, dim=2), states
 
 
@@ -163,9 +170,9 @@ class GatedDeltaNet(nn.Module):
             if linear is not None and ctx.num_new is not None:  # a ragged chunk: rows stop at num_new
                 keep = (torch.arange(t, device=x.device)[None] < ctx.num_new[:, None])[:, None]  # (B, 1, T)
                 g, beta = g * keep, beta * keep
-            out, final = chunked_rule(q, k, v, g, beta, state)
+            out, final = chunked_rule(q, k, v, g, beta, state.float())
             if linear is not None:
-                linear.stage(self.slot, window, final[None], state, every_position=False)
+                linear.stage(self.slot, window, final.to(state.dtype)[None], state, every_position=False)
         out = self.norm(out.transpose(1, 2).to(x.dtype), self.in_proj_z(x).view(b, t, self.num_v_heads, self.dv))
         return self.out_proj(out.reshape(b, t, self.value_dim))
 

@@ -1,6 +1,6 @@
 // The Gated DeltaNet recurrent rule on a CPU, one (row, head) state tile at a time.
 //
-// Per position t of a chunk, with e = exp(g_t) and S the state before t (Dk x Dv, float32):
+// Per position t of a chunk, with e = exp(g_t) and S the state before t (Dk x Dv):
 //   pass 1 (reads S):        ks = S^T k_t,  qs = S^T q_t
 //                            delta = beta_t (v_t - e ks),  o_t = e qs + (q_t . k_t) delta
 //   pass 2 (S from cache):   S_t = e S + k_t delta^T, written to states[t]
@@ -11,11 +11,17 @@
 // stores (no read of the destination before its write), and the next tile is prefetched during the second
 // pass. Each position is computed by the same code whatever the chunk's length, the batch or the threads (one
 // thread owns a tile), so a decode step and a verify round alike.
+//
+// The states are float32 or bfloat16 (a cache that keeps them in the model's dtype, as vLLM does by default:
+// half the bytes). The arithmetic is float32 either way; a bfloat16 state is rounded to nearest even as torch
+// rounds (.to(torch.bfloat16)) each time it is written, and the next position reads the rounded one, as the
+// next decode step would.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
@@ -24,67 +30,150 @@ namespace {
 
 constexpr int64_t kMaxDv = 1024;  // the runtime-width kernel's scratch (the Python side checks Dv against it)
 
+template <typename S>
 struct Chunk {
-  const float *q, *k, *v, *g, *beta, *state;  // (B,H,T,Dk) x2, (B,H,T,Dv), (B,H,T) x2, (B,H,Dk,Dv)
-  float *states, *out;                         // (T,B,H,Dk,Dv), (B,H,T,Dv)
-  int64_t rows, t, dk, dv;                     // rows = B*H tiles
+  const float *q, *k, *v, *g, *beta;  // (B,H,T,Dk) x2, (B,H,T,Dv), (B,H,T) x2
+  const S* state;                     // (B,H,Dk,Dv)
+  S* states;                          // (T,B,H,Dk,Dv)
+  float* out;                         // (B,H,T,Dv)
+  int64_t rows, t, dk, dv;            // rows = B*H tiles
 };
 
-// dst = e * row + ki * delta over dv floats; streamed (bypassing the cache) when asked and aligned.
-inline void update_row(float* dst, const float* row, const float* delta, float e, float ki, int64_t dv, bool stream) {
-#if defined(__AVX512F__)
-  if (stream) {
-    const __m512 ev = _mm512_set1_ps(e), kv = _mm512_set1_ps(ki);
-    for (int64_t j = 0; j < dv; j += 16)
-      _mm512_stream_ps(dst + j, _mm512_fmadd_ps(ev, _mm512_loadu_ps(row + j), _mm512_mul_ps(kv, _mm512_loadu_ps(delta + j))));
-    return;
-  }
-#elif defined(__AVX__)
-  if (stream) {
-    const __m256 ev = _mm256_set1_ps(e), kv = _mm256_set1_ps(ki);
-    for (int64_t j = 0; j < dv; j += 8)
-      _mm256_stream_ps(dst + j, _mm256_add_ps(_mm256_mul_ps(ev, _mm256_loadu_ps(row + j)), _mm256_mul_ps(kv, _mm256_loadu_ps(delta + j))));
-    return;
-  }
-#endif
-  for (int64_t j = 0; j < dv; ++j) dst[j] = e * row[j] + ki * delta[j];
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) {  // bfloat16 bits -> float32
+  const uint32_t u = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 }
 
-constexpr int64_t kStreamWidth =
+inline uint16_t to_bf16(float f) {  // round to nearest even, NaN kept a quiet NaN: c10::BFloat16's rounding
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if (std::isnan(f)) return 0x7FC0;
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+constexpr int64_t kStreamBytes =
 #if defined(__AVX512F__)
-    16;
+    64;
 #elif defined(__AVX__)
-    8;
+    32;
 #else
     0;
 #endif
 
+// Copies `bytes` (a multiple of kStreamBytes) from cache-resident `src` to `dst` with streaming stores.
+inline void stream_copy(void* dst, const void* src, int64_t bytes) {
+#if defined(__AVX512F__)
+  for (int64_t j = 0; j < bytes; j += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(static_cast<char*>(dst) + j),
+                        _mm512_load_si512(static_cast<const char*>(src) + j));
+#elif defined(__AVX__)
+  for (int64_t j = 0; j < bytes; j += 32)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<char*>(dst) + j),
+                        _mm256_load_si256(reinterpret_cast<const __m256i*>(static_cast<const char*>(src) + j)));
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {  // 16 bfloat16 -> float32
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+inline void store16(uint16_t* p, __m512 x) {  // to_bf16 on 16 lanes
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+}
+#endif
+
+// dst = e * row + ki * delta over dv values; streamed (bypassing the cache) when asked (the caller checked the
+// alignment). `line` is scratch of dv values in cache, aligned to 64 bytes. Every position of every chunk takes
+// the same path for a given dv, so a decode step and a verify round alike.
+template <typename S>
+inline void update_row(S* dst, const S* row, const float* delta, float e, float ki, int64_t dv, bool stream, S* line) {
+  S* to = stream ? line : dst;
+#if defined(__AVX512F__)
+  if (dv % 16 == 0) {
+    const __m512 ev = _mm512_set1_ps(e), kv = _mm512_set1_ps(ki);
+    for (int64_t j = 0; j < dv; j += 16)
+      store16(to + j, _mm512_fmadd_ps(ev, load16(row + j), _mm512_mul_ps(kv, _mm512_loadu_ps(delta + j))));
+    if (stream) stream_copy(dst, line, dv * int64_t(sizeof(S)));
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < dv; ++j) {
+    const float x = e * widen(row[j]) + ki * delta[j];
+    if constexpr (std::is_same_v<S, float>) to[j] = x; else to[j] = to_bf16(x);
+  }
+  if (stream) stream_copy(dst, line, dv * int64_t(sizeof(S)));
+}
+
+// Pass 1: ks = S^T k, qs = S^T q over a (dk, dv) tile. With AVX-512 and a compile-time width of up to 256, the
+// accumulators stay in registers (2 x DV / 16 of them) and a bfloat16 row is widened as it is loaded.
+template <int64_t DV, typename S>
+inline void read_tile(const S* tile, const float* kt, const float* qt, int64_t dk, int64_t dv, float* ks, float* qs) {
+#if defined(__AVX512F__)
+  if constexpr (DV > 0 && DV % 16 == 0 && DV <= 256) {
+    constexpr int64_t n = DV / 16;
+    __m512 ka[n], qa[n];
+    for (int64_t u = 0; u < n; ++u) ka[u] = qa[u] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < dk; ++i) {
+      const __m512 kv = _mm512_set1_ps(kt[i]), qv = _mm512_set1_ps(qt[i]);
+      const S* row = tile + i * DV;
+#pragma GCC unroll 16
+      for (int64_t u = 0; u < n; ++u) {
+        const __m512 x = load16(row + 16 * u);
+        ka[u] = _mm512_fmadd_ps(kv, x, ka[u]);
+        qa[u] = _mm512_fmadd_ps(qv, x, qa[u]);
+      }
+    }
+    for (int64_t u = 0; u < n; ++u) {
+      _mm512_storeu_ps(ks + 16 * u, ka[u]);
+      _mm512_storeu_ps(qs + 16 * u, qa[u]);
+    }
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < dv; ++j) ks[j] = qs[j] = 0.f;
+  for (int64_t i = 0; i < dk; ++i) {
+    const float ki = kt[i], qi = qt[i];
+    const S* row = tile + i * dv;
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < dv; ++j) {
+      const float x = widen(row[j]);
+      ks[j] += ki * x;
+      qs[j] += qi * x;
+    }
+  }
+}
+
 // The tiles [begin, end) over every position of the chunk. DV > 0: the width at compile time (the
 // accumulators stay in registers); DV == 0: c.dv at run time.
-template <int64_t DV>
-void run_tiles(const Chunk& c, int64_t begin, int64_t end, bool stream) {
+template <int64_t DV, typename S>
+void run_tiles(const Chunk<S>& c, int64_t begin, int64_t end, bool stream) {
   const int64_t dv = DV > 0 ? DV : c.dv, dk = c.dk, tile = dk * dv;
-  alignas(64) float ks[DV > 0 ? DV : kMaxDv], qs[DV > 0 ? DV : kMaxDv], delta[DV > 0 ? DV : kMaxDv];
+  constexpr int64_t width = DV > 0 ? DV : kMaxDv;
+  alignas(64) float ks[width], qs[width], delta[width];
+  alignas(64) S line[width];
   for (int64_t r = begin; r < end; ++r) {
-    const float* prev = c.state + r * tile;
-    const float* next_tile = r + 1 < end ? c.state + (r + 1) * tile : nullptr;
+    const S* prev = c.state + r * tile;
+    const S* next_tile = r + 1 < end ? c.state + (r + 1) * tile : nullptr;
     for (int64_t t = 0; t < c.t; ++t) {
       const int64_t at = r * c.t + t;  // (row, head, position)
       const float *qt = c.q + at * dk, *kt = c.k + at * dk, *vt = c.v + at * dv;
       const float e = std::exp(c.g[at]), b = c.beta[at];
-      float* nxt = c.states + (t * c.rows + r) * tile;
-      for (int64_t j = 0; j < dv; ++j) ks[j] = qs[j] = 0.f;
+      S* nxt = c.states + (t * c.rows + r) * tile;
       float qk = 0.f;
-      for (int64_t i = 0; i < dk; ++i) {
-        const float ki = kt[i], qi = qt[i];
-        const float* row = prev + i * dv;
-        qk += qi * ki;
-#pragma GCC unroll 16
-        for (int64_t j = 0; j < dv; ++j) {
-          ks[j] += ki * row[j];
-          qs[j] += qi * row[j];
-        }
-      }
+      for (int64_t i = 0; i < dk; ++i) qk += qt[i] * kt[i];
+      read_tile<DV>(prev, kt, qt, dk, dv, ks, qs);
       float* o = c.out + at * dv;
       for (int64_t j = 0; j < dv; ++j) {
         delta[j] = (vt[j] - e * ks[j]) * b;
@@ -93,8 +182,9 @@ void run_tiles(const Chunk& c, int64_t begin, int64_t end, bool stream) {
       const bool last = t == c.t - 1;  // earlier positions' states are read again at once: keep them cached
       for (int64_t i = 0; i < dk; ++i) {
         if (last && next_tile != nullptr)
-          for (int64_t j = 0; j < dv; j += 16) __builtin_prefetch(next_tile + i * dv + j, 0, 2);
-        update_row(nxt + i * dv, prev + i * dv, delta, e, kt[i], dv, stream && last);
+          for (int64_t j = 0; j < dv * int64_t(sizeof(S)); j += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(next_tile + i * dv) + j, 0, 2);
+        update_row(nxt + i * dv, prev + i * dv, delta, e, kt[i], dv, stream && last, line);
       }
       prev = nxt;
     }
@@ -104,31 +194,47 @@ void run_tiles(const Chunk& c, int64_t begin, int64_t end, bool stream) {
 #endif
 }
 
-void gdn_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                   const at::Tensor& beta, const at::Tensor& state, const at::Tensor& states, const at::Tensor& out) {
-  const int64_t b = k.size(0), h = k.size(1), t = k.size(2), dk = k.size(3), dv = v.size(3);
-  for (const at::Tensor* x : {&q, &k, &v, &g, &beta, &state, &states, &out}) {
-    TORCH_CHECK(x->scalar_type() == at::kFloat, "gdn_recurrent: float32 tensors expected");
-    TORCH_CHECK(x->is_contiguous() && x->device().is_cpu(), "gdn_recurrent: contiguous CPU tensors expected");
-  }
-  TORCH_CHECK(q.sizes() == k.sizes() && v.sizes() == at::IntArrayRef({b, h, t, dv}), "gdn_recurrent: q, k, v shapes");
-  TORCH_CHECK(g.sizes() == at::IntArrayRef({b, h, t}) && beta.sizes() == g.sizes(), "gdn_recurrent: g, beta shapes");
-  TORCH_CHECK(state.sizes() == at::IntArrayRef({b, h, dk, dv}), "gdn_recurrent: state shape");
-  TORCH_CHECK(states.sizes() == at::IntArrayRef({t, b, h, dk, dv}) && out.sizes() == v.sizes(), "gdn_recurrent: outputs");
-  TORCH_CHECK(dv <= kMaxDv, "gdn_recurrent: value head dim above ", kMaxDv);
-  const Chunk c{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), g.data_ptr<float>(),
-                beta.data_ptr<float>(), state.data_ptr<float>(), states.data_ptr<float>(), out.data_ptr<float>(),
-                b * h, t, dk, dv};
-  const bool stream = kStreamWidth > 0 && dv % kStreamWidth == 0 &&
-                      reinterpret_cast<std::uintptr_t>(c.states) % (kStreamWidth * sizeof(float)) == 0;
+template <typename S>
+void run(const Chunk<S>& c) {
+  const int64_t row_bytes = c.dv * int64_t(sizeof(S));
+  const bool stream = kStreamBytes > 0 && row_bytes % kStreamBytes == 0 &&
+                      reinterpret_cast<std::uintptr_t>(c.states) % kStreamBytes == 0;
   at::parallel_for(0, c.rows, 1, [&](int64_t begin, int64_t end) {
-    switch (dv) {
+    switch (c.dv) {
       case 64: run_tiles<64>(c, begin, end, stream); break;
       case 128: run_tiles<128>(c, begin, end, stream); break;
       case 256: run_tiles<256>(c, begin, end, stream); break;
       default: run_tiles<0>(c, begin, end, stream);
     }
   });
+}
+
+void gdn_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                   const at::Tensor& beta, const at::Tensor& state, const at::Tensor& states, const at::Tensor& out) {
+  const int64_t b = k.size(0), h = k.size(1), t = k.size(2), dk = k.size(3), dv = v.size(3);
+  for (const at::Tensor* x : {&q, &k, &v, &g, &beta, &state, &states, &out}) {
+    TORCH_CHECK(x->is_contiguous() && x->device().is_cpu(), "gdn_recurrent: contiguous CPU tensors expected");
+  }
+  for (const at::Tensor* x : {&q, &k, &v, &g, &beta, &out})
+    TORCH_CHECK(x->scalar_type() == at::kFloat, "gdn_recurrent: float32 operands expected");
+  const auto kind = state.scalar_type();
+  TORCH_CHECK((kind == at::kFloat || kind == at::kBFloat16) && states.scalar_type() == kind,
+              "gdn_recurrent: float32 or bfloat16 states, the same for state and states");
+  TORCH_CHECK(q.sizes() == k.sizes() && v.sizes() == at::IntArrayRef({b, h, t, dv}), "gdn_recurrent: q, k, v shapes");
+  TORCH_CHECK(g.sizes() == at::IntArrayRef({b, h, t}) && beta.sizes() == g.sizes(), "gdn_recurrent: g, beta shapes");
+  TORCH_CHECK(state.sizes() == at::IntArrayRef({b, h, dk, dv}), "gdn_recurrent: state shape");
+  TORCH_CHECK(states.sizes() == at::IntArrayRef({t, b, h, dk, dv}) && out.sizes() == v.sizes(), "gdn_recurrent: outputs");
+  TORCH_CHECK(dv <= kMaxDv, "gdn_recurrent: value head dim above ", kMaxDv);
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *gp = g.data_ptr<float>(), *bp = beta.data_ptr<float>();
+  if (kind == at::kFloat) {
+    run(Chunk<float>{qp, kp, vp, gp, bp, state.data_ptr<float>(), states.data_ptr<float>(), out.data_ptr<float>(),
+                     b * h, t, dk, dv});
+  } else {
+    run(Chunk<uint16_t>{qp, kp, vp, gp, bp, reinterpret_cast<const uint16_t*>(state.data_ptr<at::BFloat16>()),
+                        reinterpret_cast<uint16_t*>(states.data_ptr<at::BFloat16>()), out.data_ptr<float>(),
+                        b * h, t, dk, dv});
+  }
 }
 
 }  // namespace

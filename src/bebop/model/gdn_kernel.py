@@ -107,10 +107,11 @@ def _writes_only(q, k, v, g, beta, state, states, out) -> None:
 
 
 def fits(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, *, given: bool) -> bool:
-    """Whether the kernel takes these operands (q (B, Hv, T, Dk)): float32 on a CPU, a value head within its
-    scratch, and in a graph being compiled a chunk of more than one token (a verify) or one whose states go to storage
-    the step was `given` (the cache's kept buffers). A one-token graph that allocates its states keeps the torch rule,
-    which inductor fuses into two passes over the states; writing fresh memory, the kernel was slower there
-    (docs/benchmarks.md)."""
-    return (state.device.type == "cpu" and v.shape[-1] <= MAX_DV and q.dtype == v.dtype == state.dtype == torch.float32
+    """Whether the kernel takes these operands (q (B, Hv, T, Dk)): float32 on a CPU (the state float32 or bfloat16),
+    a value head within its scratch, and in a graph being compiled a chunk of more than one token (a verify) or one
+    whose states go to storage the step was `given` (the cache's kept buffers). A one-token graph that allocates its
+    states keeps the torch rule, which inductor fuses into two passes over the states; writing fresh memory, the
+    kernel was slower there (docs/benchmarks.md)."""
+    return (state.device.type == "cpu" and v.shape[-1] <= MAX_DV and q.dtype == v.dtype == torch.float32
+            and state.dtype in (torch.float32, torch.bfloat16)
             and (q.shape[2] > 1 or given or not torch.compiler.is_compiling()))

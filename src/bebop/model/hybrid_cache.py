@@ -24,9 +24,11 @@ from bebop.model.gated_deltanet import SNAPSHOT_MAX
 from bebop.model.host_tensor import host_tensor
 from bebop.model.kv_cache import KVCache
 
+STATE_DTYPES = (torch.float32, torch.bfloat16)  # what a recurrent state may be kept in (CausalLM.state_dtype)
+
 
 class LinearStates:
-    """conv (B, C, K-1) and recurrent (B, Hv, Dk, Dv, float32) states per linear layer, and what the last chunk
+    """conv (B, C, K-1) and recurrent (B, Hv, Dk, Dv; float32 or bfloat16) states per linear layer, what the last chunk
     staged per layer: its conv window, the states after its positions and the state before it. The states are
     separate tensors, so that `select` hands a row-complete one-token chunk's states over without a copy (after an
     eager chunk, and after a compiled one, whose graph returns what it staged)."""
@@ -34,13 +36,13 @@ class LinearStates:
     def __init__(self, conv: list[torch.Tensor], recurrent: list[torch.Tensor], *, snapshots: bool = True) -> None:
         self.snapshots = snapshots  # whether a short chunk keeps every position's state (False: a prefill's scratch)
         self.conv = conv  # (B, C, K-1) per layer
-        self.recurrent = recurrent  # (B, Hv, Dk, Dv) float32 per layer
+        self.recurrent = recurrent  # (B, Hv, Dk, Dv) per layer, in STATE_DTYPES
         n = len(conv)
         self.windows: list[torch.Tensor | None] = [None] * n  # (B, C, K-1+T) per layer
         self.states: list[torch.Tensor | None] = [None] * n  # (T, B, ...) after each position, or (1, B, ...) its end
         self.initials: list[torch.Tensor | None] = [None] * n  # (B, Hv, Dk, Dv): the state before the chunk
         self.every_position = True
-        # float32 storage a short chunk's states are written into, kept from step to step (a new (T, B, Hv, Dk,
+        # storage a short chunk's states are written into, kept from step to step (a new (T, B, Hv, Dk,
         # Dv) tensor each step is tens of MB at 64 rows, which the allocator maps afresh): per layer a pair for
         # one-token chunks, whose states become the recurrent state in turn, and one for longer chunks
         self.buffers: list[list[torch.Tensor]] = [[] for _ in range(n)]
@@ -48,13 +50,16 @@ class LinearStates:
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch_size: int, *, dtype: torch.dtype, device: torch.device | str,
-              snapshots: bool = True) -> LinearStates:
+              snapshots: bool = True, state_dtype: torch.dtype = torch.float32) -> LinearStates:
+        """dtype: the conv states' (the model's); state_dtype: the recurrent states' (STATE_DTYPES)."""
+        if state_dtype not in STATE_DTYPES:
+            raise BebopError(f"a linear layer's recurrent state is kept in float32 or bfloat16, not {state_dtype}")
         n, hv = len(cfg.linear_layers), cfg.linear_num_value_heads
         conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + hv * cfg.linear_value_head_dim
         conv = [torch.zeros(batch_size, conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=dtype, device=device)
                 for _ in range(n)]
         recurrent = [torch.zeros(batch_size, hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-                                 dtype=torch.float32, device=device) for _ in range(n)]
+                                 dtype=state_dtype, device=device) for _ in range(n)]
         return cls(conv, recurrent, snapshots=snapshots)
 
     def state(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,11 +142,12 @@ class HybridCache(KVCache):
     """A KVCache over the attention layers that also holds `linear` (LinearStates)."""
 
     def __init__(self, cfg: ModelConfig, batch_size: int, capacity: int, *, dtype: torch.dtype,
-                 device: torch.device | str, rollback: bool = True) -> None:
+                 device: torch.device | str, rollback: bool = True, state_dtype: torch.dtype = torch.float32) -> None:
         super().__init__(len(cfg.attention_layers), batch_size, cfg.num_key_value_heads, cfg.head_dim, capacity,
                          dtype=dtype, device=device)
         # rollback=False: no chunk is ever rolled back into (a prefill's scratch), so chunks keep only their ends
-        self.linear = LinearStates.zeros(cfg, batch_size, dtype=dtype, device=device, snapshots=rollback)
+        self.linear = LinearStates.zeros(cfg, batch_size, dtype=dtype, device=device, snapshots=rollback,
+                                         state_dtype=state_dtype)
         self.base = self.lengths.clone()  # (B,) lengths before the last chunk
         self.taken = torch.zeros_like(self.lengths)  # (B,) tokens each row took in the last chunk
 

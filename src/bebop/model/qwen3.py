@@ -54,6 +54,10 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MTPHead(cfg) if cfg.mtp_num_hidden_layers else None
         self.stored = StoredLayout()  # set by load_model: what the input held that a save gives back
+        # the dtype a hybrid's caches keep its linear layers' recurrent states in: float32 (transformers' precision,
+        # the default) or bfloat16 (vLLM's default, its mamba_ssm_cache_dtype "auto" for a bfloat16 model: half the
+        # bytes each decode step streams); the rule computes in float32 either way
+        self.state_dtype = torch.float32
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state: dict[str, torch.Tensor], *, strict: bool = True) -> CausalLM:
@@ -131,7 +135,8 @@ class CausalLM(nn.Module):
         rollback=False: a cache never rolled back into its last chunk (a prefill's scratch)."""
         cfg = self.config
         if cfg.linear_layers:
-            return HybridCache(cfg, batch_size, capacity, dtype=self.dtype, device=self.device, rollback=rollback)
+            return HybridCache(cfg, batch_size, capacity, dtype=self.dtype, device=self.device, rollback=rollback,
+                               state_dtype=self.state_dtype)
         return KVCache(cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, cfg.head_dim,
                        capacity, dtype=self.dtype, device=self.device)
 

@@ -50,7 +50,8 @@ class VllmWorker:
     def __init__(self, model_dir: str | Path, *, dtype: str = "auto", python: str | None = None, seed: int = 0,
                  max_model_len: int | None = None, speculative_config: dict | None = None,
                  enforce_eager: bool | None = None, gpu_memory_utilization: float = 0.9, sleep_mode: bool = False,
-                 prefix_caching: bool | None = None, timeout: float = DEFAULT_TIMEOUT_S, restarts: int = 1,
+                 prefix_caching: bool | None = None, state_dtype: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S, restarts: int = 1,
                  cleanup: Sequence[str | Path] = (), script: str | Path = WORKER,
                  after_restart: Callable[[VllmWorker], None] | None = None) -> None:
         self.python = vllm_python(python)
@@ -59,7 +60,8 @@ class VllmWorker:
         self.config = {"model": str(model_dir), "dtype": dtype, "seed": seed, "max_model_len": max_model_len,
                        "speculative_config": speculative_config, "enforce_eager": enforce_eager,
                        "gpu_memory_utilization": gpu_memory_utilization, "sleep_mode": sleep_mode,
-                       "enable_prefix_caching": prefix_caching, "parent": os.getpid(),
+                       "enable_prefix_caching": prefix_caching, "mamba_ssm_cache_dtype": state_dtype,
+                       "parent": os.getpid(),
                        "cleanup": [str(p) for p in cleanup]}
         self.timeout, self.restarts_left, self.script = timeout, restarts, Path(script)
         self.after_restart = after_restart

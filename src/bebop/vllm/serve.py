@@ -73,6 +73,9 @@ class VllmServer:
             self.worker = VllmWorker(self.weights_dir, dtype=dtype, python=python, seed=seed,
                                      speculative_config=speculative_config(spec, k),
                                      prefix_caching=False if hybrid else None, timeout=timeout,
+                                     # a hybrid's recurrent states in the precision bebop keeps them (vLLM's
+                                     # "auto" is the model's dtype)
+                                     state_dtype=str(model.state_dtype).removeprefix("torch.") if hybrid else None,
                                      gpu_memory_utilization=gpu_memory or (0.5 if beside_trainer else 0.9),
                                      sleep_mode=sleep,
                                      cleanup=[self.weights_dir, self.shared.directory],

@@ -129,6 +129,8 @@ def llm_arguments(config: dict, cpu: bool) -> dict:
         args["enable_prefix_caching"] = config["enable_prefix_caching"]
     if config.get("speculative_config"):
         args["speculative_config"] = config["speculative_config"]
+    if config.get("mamba_ssm_cache_dtype"):  # a hybrid's recurrent states: bebop's state_dtype, not vLLM's "auto"
+        args["mamba_ssm_cache_dtype"] = config["mamba_ssm_cache_dtype"]
     return args
 
 
