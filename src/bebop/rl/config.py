@@ -71,6 +71,9 @@ class RLConfig:
     rollout_dtype: str = opt("float32", "the sampler's dtype: float32, or bfloat16 (a bfloat16 copy of the float32 "
                              "trainer's weights, synced every batch; the truncated importance weight corrects the "
                              "difference, sampler_kl in metrics.jsonl measures it)", choices=DTYPES)
+    state_dtype: str = opt("float32", "what a hybrid sampler's caches keep its linear layers' recurrent states in: "
+                           "float32, or bfloat16 (half the memory traffic a decode step makes, as vLLM keeps them "
+                           "by default; the rule computes in float32 either way)", choices=DTYPES)
     dump_rollouts: bool = opt(True, "write every step's responses to RUN_DIR/rollouts/step-N.jsonl (on/off)",
                               parse=parse_switch)
     decode: DecodeSpec = group(DecodeSpec)  # --engine, --spec, --k, --max-k, --compile, --vllm-python
@@ -88,8 +91,9 @@ class RLConfig:
         if self.reward and not (self.data or self.eval_data):
             raise BebopError("--reward scores rows of --data or --eval-data; the generated tasks score themselves")
         check_train_dtype(self.dtype)
-        if self.rollout_dtype not in DTYPES:
-            raise BebopError(f"unknown --rollout-dtype {self.rollout_dtype!r}; choose from {', '.join(DTYPES)}")
+        for flag, value in (("--rollout-dtype", self.rollout_dtype), ("--state-dtype", self.state_dtype)):
+            if value not in DTYPES:
+                raise BebopError(f"unknown {flag} {value!r}; choose from {', '.join(DTYPES)}")
         parse_template_kwargs(self.chat_template_kwargs)
         for name in ("steps", "eval_every", "batch_prompts", "max_new_tokens", "save_every", "batch_size", "ppo_epochs",
                      "mini_batches"):
@@ -131,8 +135,8 @@ class RLConfig:
     def vllm_server(self) -> dict:
         """With --engine vllm: the keyword arguments of the vLLM server a rollout source samples on
         (bebop.vllm.serve.VllmServer, after the model and its source directory)."""
-        return {"dtype": self.rollout_dtype, "spec": self.decode.spec, "k": self.draft_depths, "seed": self.seed,
-                **self.decode.vllm_worker()}
+        return {"dtype": self.rollout_dtype, "state_dtype": self.state_dtype, "spec": self.decode.spec,
+                "k": self.draft_depths, "seed": self.seed, **self.decode.vllm_worker()}
 
     @property
     def draft_depths(self) -> int:

@@ -60,6 +60,7 @@ class RolloutSampler:
         its decoding steps compiled when --compile says so (once: the graphs see later weights in place)."""
         engine = self._in_rollout_dtype(model)
         cfg = self.cfg
+        engine.state_dtype = DTYPES[cfg.state_dtype]  # its caches' recurrent states (the trainer's rule: float32)
         per_step = expected_decode_steps(cfg.batch_prompts * cfg.group_size, cfg.batch_size, cfg.max_new_tokens)
         compile_steps(engine, cfg.decode.compile, cfg.steps * per_step)
         return engine

@@ -43,7 +43,8 @@ def speculative_config(spec: str, k: int) -> dict | None:
 
 
 class VllmServer:
-    def __init__(self, model: CausalLM, source_dir: str | Path, *, dtype: str, spec: str = "off", k: int = 3,
+    def __init__(self, model: CausalLM, source_dir: str | Path, *, dtype: str, state_dtype: str = "float32",
+                 spec: str = "off", k: int = 3,
                  python: str | None = None, seed: int = 0, timeout: float = DEFAULT_TIMEOUT_S, gpu_memory: float = 0.0,
                  sleep: bool = False, beside_trainer: bool = False) -> None:
         """`source_dir`: the model's directory, whose tokenizer and generation-config files vLLM's directory takes
@@ -52,7 +53,8 @@ class VllmServer:
         and removed by close, or by the worker if bebop dies first; `timeout`: seconds for the worker's start and
         each request (client.py). On a GPU: `gpu_memory`, the share of its memory vLLM may hold (0: 0.5
         `beside_trainer` on the same device, else 0.9); `sleep`, vLLM's sleep mode (`suspend` before an update,
-        `resume` after)."""
+        `resume` after). `state_dtype`: what a hybrid's recurrent states are kept in (CausalLM.state_dtype; vLLM's
+        mamba_ssm_cache_dtype, whose own default is the model's dtype)."""
         cuda = torch.cuda.is_available()
         if sleep and not cuda:
             raise BebopError("--vllm-sleep frees GPU memory for the trainer: it needs a CUDA device (vLLM-CPU has no "
@@ -75,7 +77,7 @@ class VllmServer:
                                      prefix_caching=False if hybrid else None, timeout=timeout,
                                      # a hybrid's recurrent states in the precision bebop keeps them (vLLM's
                                      # "auto" is the model's dtype)
-                                     state_dtype=str(model.state_dtype).removeprefix("torch.") if hybrid else None,
+                                     state_dtype=state_dtype if hybrid else None,
                                      gpu_memory_utilization=gpu_memory or (0.5 if beside_trainer else 0.9),
                                      sleep_mode=sleep,
                                      cleanup=[self.weights_dir, self.shared.directory],
