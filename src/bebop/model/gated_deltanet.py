@@ -156,7 +156,7 @@ class GatedDeltaNet(nn.Module):
         else:
             conv_state, state = linear.state(self.slot)  # (B, C, K-1), (B, Hv, Dk, Dv)
             window = torch.cat([conv_state.to(qkv.dtype), qkv], dim=-1)  # (B, C, K-1+T)
-        mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.conv_dim))  # (B, C, T)
+        mixed = F.silu(self._conv(window, t))  # (B, C, T)
         q, k, v = mixed.transpose(1, 2).split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
         q, k = (self._heads(y, self.num_k_heads, self.dk) for y in (q, k))  # (B, Hv, T, Dk)
         q, k = l2norm(q) * self.dk ** -0.5, l2norm(k)
@@ -175,6 +175,15 @@ class GatedDeltaNet(nn.Module):
                 linear.stage(self.slot, window, final.to(state.dtype)[None], state, every_position=False)
         out = self.norm(out.transpose(1, 2).to(x.dtype), self.in_proj_z(x).view(b, t, self.num_v_heads, self.dv))
         return self.out_proj(out.reshape(b, t, self.value_dim))
+
+    def _conv(self, window: torch.Tensor, t: int) -> torch.Tensor:
+        """The causal depthwise conv of a chunk's window (B, C, K-1+T) -> (B, C, T). A short chunk (a decode step,
+        a verify) sums its K taps a position in float32, each position alike whatever the chunk's length (a graph
+        fuses it; at one token the library's conv cost more to call than to compute); a longer one runs conv1d."""
+        if t > SNAPSHOT_MAX:
+            return F.conv1d(window, self.conv1d.weight, groups=self.conv_dim)
+        taps = window.unfold(-1, self.kernel, 1)  # (B, C, T, K)
+        return (taps.float() * self.conv1d.weight[:, 0, None, :].float()).sum(-1).to(window.dtype)
 
     def _heads(self, y: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
         """(B, T, heads * dim) -> (B, Hv, T, dim) float32, each key head repeated for its value heads."""
