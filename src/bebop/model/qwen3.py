@@ -54,10 +54,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MTPHead(cfg) if cfg.mtp_num_hidden_layers else None
         self.stored = StoredLayout()  # set by load_model: what the input held that a save gives back
-        # the dtype a hybrid's caches keep its linear layers' recurrent states in: float32 (transformers' precision,
-        # the default) or bfloat16 (vLLM's default, its mamba_ssm_cache_dtype "auto" for a bfloat16 model: half the
-        # bytes each decode step streams); the rule computes in float32 either way
-        self.state_dtype = torch.float32
+        self._state_dtype = "float32"  # by name: a graph saved with its guards pickles the module's attributes
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state: dict[str, torch.Tensor], *, strict: bool = True) -> CausalLM:
@@ -77,6 +74,17 @@ class CausalLM(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """The dtype a hybrid's caches keep its linear layers' recurrent states in: float32 (transformers' precision,
+        the default) or bfloat16 (vLLM's default, its mamba_ssm_cache_dtype "auto" for a bfloat16 model: half the
+        bytes each decode step streams); the rule computes in float32 either way (HybridCache checks it)."""
+        return getattr(torch, self._state_dtype)
+
+    @state_dtype.setter
+    def state_dtype(self, dtype: torch.dtype) -> None:
+        self._state_dtype = str(dtype).removeprefix("torch.")
 
     def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02,
                      prefix: str = "") -> None:
