@@ -136,7 +136,8 @@ from pathlib import Path
 import torch
 from bebop.model import gdn_kernel
 from bebop.model.gated_deltanet import recurrent_rule
-gdn_kernel.SOURCE = Path({str(broken)!r})
+from bebop.model import native
+native.SOURCES = (Path({str(broken)!r}),)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     assert gdn_kernel.cpu_kernel() is None

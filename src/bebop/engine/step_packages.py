@@ -45,7 +45,7 @@ from torch.fx.experimental import _config as fx_config
 import bebop
 from bebop.engine.isa_check import isa_checked
 from bebop.fileio import atomic_write, atomic_write_text
-from bebop.model import gdn_kernel
+from bebop.model import native
 from bebop.model.packed_linear import GRAPH_WEIGHT
 
 STORE_ENV = "BEBOP_COMPILE_CACHE"
@@ -92,8 +92,9 @@ def model_kind(model: torch.nn.Module) -> dict[str, Any]:
         "device": device, "inductor": inductor_options(device),
         "bebop": bebop.__version__, "source": source_digest(), "torch": torch.__version__,
         "python": "%d.%d" % sys.version_info[:2], "cpu": torch.backends.cpu.get_cpu_capability(),
-        # a hybrid's graphs on a CPU call the Gated DeltaNet kernel where it built, the torch rule where it did not
-        "gdn_kernel": device == "cpu" and bool(getattr(config, "linear_layers", None)) and gdn_kernel.cpu_kernel() is not None,
+        # graphs on a CPU call the native ops where they built (the matmuls, a hybrid's Gated DeltaNet kernel), the
+        # Python op and the torch rule where they did not
+        "native": device == "cpu" and native.load(),
     }
 
 

@@ -239,7 +239,7 @@ void gdn_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 
 }  // namespace
 
-TORCH_LIBRARY(bebop_native, m) {
+TORCH_LIBRARY_FRAGMENT(bebop_native, m) {
   m.def("gdn_recurrent(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor state, Tensor(a!) states, "
         "Tensor(b!) out) -> ()");
 }

@@ -16,7 +16,8 @@ not), and only where it cannot be stale or in the way: no autograd (training tak
 tensor of the weight's dtype, a weight with a version counter (not one made under inference_mode).
 A compiled decoding step takes the copies too: `prepare_graphs(model)` (the engine's steps_of, once an
 engine call) sets each layer's `graph_weight`, an input of the graph like the weight, and the graph calls
-oneDNN through the opaque op `bebop::packed_linear` (inductor's own lowering wants a frozen constant);
+oneDNN through an opaque op (inductor's own lowering wants a frozen constant): the native library's C++
+`bebop_native::packed_linear` (model/native.py) where it built, else the Python custom op `bebop::packed_linear`;
 in a graph the rows are not known, so there a float32 weight is packed by its size alone. The copy is
 remade whenever the weight changes: the key is the weight tensor and its version counter, which every
 in-place write bumps (an optimizer step, `load_state_dict`, a weight sync), so an RL step's update
@@ -32,14 +33,17 @@ import functools
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bebop.model import native
+
 PACKED = os.environ.get("BEBOP_PACKED_LINEAR", "1") != "0"
+_graph_op: Callable[..., torch.Tensor] | None = None  # what a graph calls (prepare_graphs: chosen on the host)
 GRAPH_WEIGHT = "graph_weight"  # a PackedLinear's attribute that a compiled graph takes its packed copy from
 _DTYPES = (torch.float32, torch.bfloat16)
 # id(weight) -> (a weak reference to it, its version when packed, the packed copy); an entry leaves with its
@@ -115,7 +119,10 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_feat
 
 def prepare_graphs(model: nn.Module) -> str:
     """Before compiled decoding: each PackedLinear's packed copy where a graph takes it (remade if its weight changed),
-    an input of the graph like the weight itself. -> graph_weights(model)."""
+    an input of the graph like the weight itself, and the op a graph calls on it. -> graph_weights(model)."""
+    global _graph_op
+    if _graph_op is None:  # from C++ where the native ops are there (each call skips a trip through Python)
+        _graph_op = torch.ops.bebop_native.packed_linear if native.load() else packed_linear
     for module in model.modules():
         if isinstance(module, PackedLinear):
             pays = _can_pack(module.weight) and _pays(module.weight, rows=0)  # a graph's rows are not known
@@ -142,7 +149,7 @@ class PackedLinear(nn.Linear):
         if torch.compiler.is_compiling():
             packed = self.graph_weight
             if packed is not None and x.dtype == self.weight.dtype and not torch.is_grad_enabled():
-                return packed_linear(x, packed, self.bias, self.out_features)
+                return (_graph_op or packed_linear)(x, packed, self.bias, self.out_features)
             return F.linear(x, self.weight, self.bias)
         if _usable(x, self.weight):
             return torch.ops.mkldnn._linear_pointwise(x, packed_weight(self.weight), self.bias, "none", [], "")

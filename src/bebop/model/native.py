@@ -1,0 +1,111 @@
+"""bebop's native CPU ops (the library `bebop_native`), built for this machine on first use.
+
+    if native.load():                            # False where they cannot be built, or BEBOP_NATIVE=0
+        torch.ops.bebop_native.gdn_recurrent(...)    # gdn_kernel.cpp: the Gated DeltaNet recurrent rule
+        torch.ops.bebop_native.packed_linear(...)    # packed_linear.cpp: oneDNN's matmul on a packed weight
+
+torch's C++ extension builder compiles SOURCES for this machine's instruction set (`-O3 -march=native`, with the
+compiler inductor uses, and ninja, a dependency) into torch's extension directory (TORCH_EXTENSIONS_DIR, by default
+under ~/.cache): the first process on a machine waits for the build (about 20 s), later ones load it (0.1 s). The
+build is named by the sources, the CPU's flags and torch, so a shared home never loads another kind's. Where no
+compiler or ninja is found the build fails once, with a warning naming why, and every caller takes its torch
+path; the compile store keeps graphs apart by whether the library was there (engine/step_packages.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from bebop import progress
+
+HERE = Path(__file__).parent
+SOURCES = (HERE / "gdn_kernel.cpp", HERE / "packed_linear.cpp")
+ENV = "BEBOP_NATIVE"  # "0": never build or use the native ops
+
+_loaded = False
+_tried = False  # load's body runs once a process
+
+
+def _cpu_flags() -> str:
+    """What -march=native compiles for."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _name() -> str:
+    h = hashlib.sha256()
+    for source in SOURCES:
+        h.update(source.read_bytes())
+    h.update(_cpu_flags().encode() + torch.__version__.encode())
+    return f"bebop_native_{h.hexdigest()[:12]}"
+
+
+def _library(name: str) -> Path | None:
+    """Where cpp_extension.load puts the build of `name` (a private helper of torch's: without it, every process
+    goes through load, which checks the build with ninja, about a second)."""
+    from torch.utils import cpp_extension
+
+    try:
+        return Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+    except Exception:
+        return None
+
+
+def load() -> bool:
+    """Whether the native ops are there: loaded (or built) on the first call; False where they are off
+    (BEBOP_NATIVE=0) or the build failed (a warning says why, once a process)."""
+    global _loaded, _tried
+    if _tried:
+        return _loaded
+    _tried = True
+    if os.environ.get(ENV, "1") == "0":
+        return False
+    from torch.utils import cpp_extension
+
+    name = _name()  # the sources, the CPU and torch: a build that exists is this one
+    library = _library(name)
+    try:
+        if library is not None and library.exists():
+            torch.ops.load_library(str(library))
+        else:
+            progress.write("bebop: building the native CPU ops (once per machine, about 20 s)")
+            path = os.environ.get("PATH", "")
+            os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])  # ninja's wheel is there
+            try:
+                cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=["-O3", "-march=native"],
+                                   is_python_module=False, verbose=False)
+            finally:
+                os.environ["PATH"] = path
+        # what a graph being compiled sees of them (inductor then calls them as extern ops)
+        torch.library.register_fake("bebop_native::gdn_recurrent")(_writes_only)
+        torch.library.register_fake("bebop_native::packed_linear")(_linear_shape)
+        _loaded = True
+    except Exception as e:  # no compiler, no ninja, an unknown -march: the torch paths serve
+        lines = str(e).strip().splitlines() or [repr(e)]
+        why = next((line.strip() for line in lines if "error" in line.lower() and "Error building" not in line), lines[-1])
+        warnings.warn(f"bebop: the native CPU ops did not build ({type(e).__name__}: {why[:300]}); the hybrid's linear "
+                      f"layers run the pure-torch rule and compiled matmuls call oneDNN through Python (set {ENV}=0 to "
+                      "skip the build)", RuntimeWarning, stacklevel=2)
+    return _loaded
+
+
+def _writes_only(q, k, v, g, beta, state, states, out) -> None:
+    """gdn_recurrent's fake: it writes `states` and `out` and returns nothing."""
+    return None
+
+
+def _linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """packed_linear's fake: (..., in) -> (..., out_features)."""
+    return x.new_empty((*x.shape[:-1], out_features))
