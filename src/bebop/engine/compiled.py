@@ -28,8 +28,9 @@ and every RL step reuse it, with no padding rows. Weights are graph inputs, and 
 module's structure, not its identity: an optimizer's in-place update (each RL step) and a copy of the
 same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticView: what a chunk staged, its
 Gated DeltaNet states after each position, comes back from the graph, and the host selects each row's); its
-recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it; on a CPU a verify's
-recurrence is gdn_kernel's C++ kernel, called from the graph. What stays eager (the same functions, uncompiled): a
+recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it; the graph writes the
+states into storage the cache keeps (LinearStates.stagings, passed in), on a CPU with gdn_kernel's C++ kernel. What
+stays eager (the same functions, uncompiled): a
 prefill, a verbs' catch-up refresh wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid
 cache's rollback and its selection of the states after a chunk.
 

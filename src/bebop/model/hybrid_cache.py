@@ -71,6 +71,10 @@ class LinearStates:
         took it from here before the graph, see `stagings`), or None (the graph allocates its own)."""
         if torch.compiler.is_compiling():
             return self.given[slot] if self.given else None
+        return self._kept(slot, t)
+
+    def _kept(self, slot: int, t: int) -> torch.Tensor:
+        """staging's view of kept storage (on the host)."""
         recurrent = self.recurrent[slot]  # (B, Hv, Dk, Dv)
         kept = self.buffers[slot]
         if not kept:
@@ -89,7 +93,7 @@ class LinearStates:
         states into kept storage, as an eager chunk does (none where the chunk keeps only its end)."""
         if not self.snapshots or t > SNAPSHOT_MAX:
             return []
-        return [view for slot in range(len(self.conv)) if (view := self.staging(slot, t)) is not None]
+        return [self._kept(slot, t) for slot in range(len(self.conv))]
 
     def stage(self, slot: int, window: torch.Tensor, states: torch.Tensor, initial: torch.Tensor, *,
               every_position: bool) -> None:
