@@ -106,6 +106,35 @@ def test_a_verify_rounds_as_its_decode_steps(kernel, dtype):
         s = states[0]
 
 
+# widths: the 64-column blocks (128, 256), 16-column ones (48), the per-position path (24); one position at T=1
+@pytest.mark.parametrize("b, h, t, dk, dv", [(3, 4, 15, 128, 128), (2, 2, 7, 16, 48), (2, 3, 4, 16, 24),
+                                             (1, 1, 9, 32, 256), (2, 2, 1, 64, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_chunk_that_keeps_its_end_only_ends_where_every_position_does(kernel, b, h, t, dk, dv, dtype):
+    """A prefill keeps only its chunk's end state (every_position=False): the kernel runs it a column block at a
+    time over every position, bit for bit the last of every position's states, with its outputs; written over the
+    state it started from (a prefill's scratch) alike; and the torch rule's end equals its own last position."""
+    *rest, state = _operands(b, h, t, dk, dv, seed=dv + t)
+    state = state.to(dtype)
+    out, states = recurrent_rule(*rest, state)
+    end_out, ends = recurrent_rule(*rest, state, every_position=False)
+    assert ends.shape == (1, b, h, dk, dv) and ends.dtype == dtype
+    assert torch.equal(end_out, out) and torch.equal(ends[0], states[-1])
+    over = state.clone()
+    over_out, over_ends = recurrent_rule(*rest, over, over[None], every_position=False)
+    assert over_ends.data_ptr() == over.data_ptr() and torch.equal(over, states[-1]) and torch.equal(over_out, out)
+    ref_out, ref_states = _torch_rule(*rest, state)
+    kernel_ = gdn_kernel._kernel
+    gdn_kernel._kernel = None
+    try:
+        torch_out, torch_ends = recurrent_rule(*rest, state.clone(), every_position=False)
+    finally:
+        gdn_kernel._kernel = kernel_
+    assert torch.equal(torch_out, ref_out) and torch.equal(torch_ends[0], ref_states[-1])
+    torch.testing.assert_close(ends.float(), ref_states[-1:].float(), rtol=2 ** -7 if dtype != torch.float32 else 1e-5,
+                               atol=1e-4 if dtype != torch.float32 else 1e-6)
+
+
 def test_a_compiled_verify_calls_the_kernel_and_a_decode_step_the_torch_rule(kernel):
     """In a graph, a chunk of more than one token (a verify) or one given the storage for its states (a compiled
     step's: the cache's kept buffers) runs the kernel, which computes it bit for bit as eagerly; a one-token chunk

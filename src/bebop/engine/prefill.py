@@ -39,7 +39,9 @@ def prefill(model: CausalLM, prompts: Sequence[Sequence[int]], cache: KVCache, *
     the caches must be empty and have len(prompts) rows. -> prefilled length of each row."""
     assert cache.batch_size == len(prompts) and cache.span == 0, (cache.batch_size, len(prompts), cache.span)
     keys = [tuple(p) for p in prompts]
-    distinct = sorted({p for p in keys if len(p) > 1}, key=len, reverse=True)  # longest first
+    # longest first; prompts of one length in the rows' order, so that a batch of distinct prompts of one length
+    # maps onto its own rows (the cache takes the prefill's states without copying them)
+    distinct = sorted(dict.fromkeys(p for p in keys if len(p) > 1), key=len, reverse=True)
     lengths = [len(p) - 1 for p in keys]
     if not distinct:
         return lengths

@@ -35,21 +35,24 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   state: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   state: torch.Tensor, out: torch.Tensor | None = None, *,
+                   every_position: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k (B, Hv, T, Dk) normed and scaled, v (B, Hv, T, Dv), g, beta (B, Hv, T), all float32, and state
     (B, Hv, Dk, Dv), float32 or bfloat16 -> outputs (B, Hv, T, Dv) float32 and the states after each position
     (T, B, Hv, Dk, Dv) in the state's dtype, written into `out` when given (storage the cache reuses;
     position-major, so each position's states are one contiguous block). The arithmetic is float32; a bfloat16
     state is rounded as each position's is written, and the next position reads the rounded one, as the next
-    decode step would.
+    decode step would. every_position=False: the states after the last position only, (1, B, Hv, Dk, Dv) (a
+    prefill's end), bit for bit the last of every position's.
 
     The state is the large operand (Dk x Dv a head): each position reads it once (k^T S and q^T S in one
     matmul; the decay is a scalar a head, applied to what was read) and writes the next one in place in
     the states tensor, with no state-sized temporaries. On a CPU the same rule runs as gdn_kernel's C++ kernel,
     which reads and writes each state tile once."""
     b, h, t, dk = k.shape
-    states = state.new_empty(t, b, h, dk, state.shape[-1]) if out is None else out  # (T, B, Hv, Dk, Dv)
-    assert states.shape == (t, b, h, dk, state.shape[-1]), (states.shape, state.shape)
+    kept = t if every_position else 1  # positions whose states are returned
+    states = state.new_empty(kept, b, h, dk, state.shape[-1]) if out is None else out  # (T or 1, B, Hv, Dk, Dv)
+    assert states.shape == (kept, b, h, dk, state.shape[-1]), (states.shape, state.shape)
     kernel = gdn_kernel.cpu_kernel() if gdn_kernel.fits(q, v, state, given=out is not None) else None
     if kernel is not None and states.is_contiguous():  # the same rule, each state tile read and written once
         outputs = v.new_empty(v.shape)  # (B, Hv, T, Dv)
@@ -62,13 +65,13 @@ def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     outs = []
     wide = state.dtype == torch.float32  # else a bfloat16 state, widened to compute and rounded as written
     for i in range(t):
-        s = state if i == 0 else states[i - 1]  # (B, Hv, Dk, Dv)
+        s = state if i == 0 else states[i - 1 if every_position else 0]  # (B, Hv, Dk, Dv)
         s = s if wide else s.float()
         read = probes[:, :, i] @ s  # (B, Hv, 2, Dv): k^T S and q^T S
         e = decay[:, :, i]  # (B, Hv, 1)
         delta = (v[:, :, i] - e * read[:, :, 0]) * beta[:, :, i, None]  # (B, Hv, Dv)
         outs.append(e * read[:, :, 1] + qk[:, :, i] * delta)  # q^T (e S + k delta^T)
-        nxt = states[i]
+        nxt = states[i if every_position else 0]  # updated in place when only the end is kept
         if wide:
             torch.mul(s, e[..., None], out=nxt)
             nxt.addcmul_(k[:, :, i, :, None], delta[:, :, None, :])  # e S + k delta^T
@@ -156,31 +159,42 @@ class GatedDeltaNet(nn.Module):
         else:
             conv_state, state = linear.state(self.slot)  # (B, C, K-1), (B, Hv, Dk, Dv)
             window = torch.cat([conv_state.to(qkv.dtype), qkv], dim=-1)  # (B, C, K-1+T)
-        mixed = F.silu(self._conv(window, t))  # (B, C, T)
+        every_position = linear is not None and linear.snapshots and t <= SNAPSHOT_MAX  # a step or verify
+        mixed = F.silu(self._conv(window, every_position))  # (B, C, T)
         q, k, v = mixed.transpose(1, 2).split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
         q, k = (self._heads(y, self.num_k_heads, self.dk) for y in (q, k))  # (B, Hv, T, Dk)
         q, k = l2norm(q) * self.dk ** -0.5, l2norm(k)
         v = v.reshape(b, t, self.num_v_heads, self.dv).transpose(1, 2).float()  # (B, Hv, T, Dv)
         beta = self.in_proj_b(x).float().sigmoid().transpose(1, 2)  # (B, Hv, T)
         g = (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)).transpose(1, 2)
-        if linear is not None and linear.snapshots and t <= SNAPSHOT_MAX:  # every position's state: rollback-able
+        if linear is not None and every_position:  # every position's state: rollback-able
             out, states = recurrent_rule(q, k, v, g, beta, state, linear.staging(self.slot, t))
             linear.stage(self.slot, window, states, state, every_position=True)
         else:
             if linear is not None and ctx.num_new is not None:  # a ragged chunk: rows stop at num_new
                 keep = (torch.arange(t, device=x.device)[None] < ctx.num_new[:, None])[:, None]  # (B, 1, T)
                 g, beta = g * keep, beta * keep
-            out, final = chunked_rule(q, k, v, g, beta, state.float())
+            if linear is not None and gdn_kernel.cpu_kernel() is not None and gdn_kernel.fits(q, v, state, given=True):
+                # a cached chunk on a CPU (a prefill): the kernel, token by token, keeping only the end, faster than
+                # the chunked form's matmuls at every length measured (docs/benchmarks.md); in a prefill's scratch
+                # (never rolled back into) written over the state it started from, which a row without tokens in the
+                # chunk keeps (g = 0, beta = 0: the state unchanged)
+                given = None if linear.snapshots or not state.is_contiguous() else state[None]
+                out, ends = recurrent_rule(q, k, v, g, beta, state, given, every_position=False)  # (1, B, Hv, Dk, Dv)
+            else:
+                out, final = chunked_rule(q, k, v, g, beta, state.float())
+                ends = final.to(state.dtype)[None]
             if linear is not None:
-                linear.stage(self.slot, window, final.to(state.dtype)[None], state, every_position=False)
+                linear.stage(self.slot, window, ends, state, every_position=False)
         out = self.norm(out.transpose(1, 2).to(x.dtype), self.in_proj_z(x).view(b, t, self.num_v_heads, self.dv))
         return self.out_proj(out.reshape(b, t, self.value_dim))
 
-    def _conv(self, window: torch.Tensor, t: int) -> torch.Tensor:
-        """The causal depthwise conv of a chunk's window (B, C, K-1+T) -> (B, C, T). A short chunk (a decode step,
-        a verify) sums its K taps a position in float32, each position alike whatever the chunk's length (a graph
-        fuses it; at one token the library's conv cost more to call than to compute); a longer one runs conv1d."""
-        if t > SNAPSHOT_MAX:
+    def _conv(self, window: torch.Tensor, every_position: bool) -> torch.Tensor:
+        """The causal depthwise conv of a chunk's window (B, C, K-1+T) -> (B, C, T). A chunk that keeps every
+        position's state (a decode step, a verify) sums its K taps a position in float32, each position alike
+        whatever the chunk's length (a graph fuses it; at one token the library's conv cost more to call than to
+        compute); any other (a prefill, a forward without a cache) runs conv1d, several times faster eagerly."""
+        if not every_position:
             return F.conv1d(window, self.conv1d.weight, groups=self.conv_dim)
         taps = window.unfold(-1, self.kernel, 1)  # (B, C, T, K)
         return (taps.float() * self.conv1d.weight[:, 0, None, :].float()).sum(-1).to(window.dtype)

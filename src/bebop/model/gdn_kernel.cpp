@@ -12,6 +12,10 @@
 // pass. Each position is computed by the same code whatever the chunk's length, the batch or the threads (one
 // thread owns a tile), so a decode step and a verify round alike.
 //
+// Given states of one position for a chunk of several (a prefill, which keeps only its end), the positions before
+// the last are written to a per-thread tile of scratch in cache instead, and only the last goes to `states`: the
+// same code per position, so the end state is bit for bit that of keeping every position.
+//
 // The states are float32 or bfloat16 (a cache that keeps them in the model's dtype, as vLLM does by default:
 // half the bytes). The arithmetic is float32 either way; a bfloat16 state is rounded to nearest even as torch
 // rounds (.to(torch.bfloat16)) each time it is written, and the next position reads the rounded one, as the
@@ -22,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
@@ -34,9 +39,10 @@ template <typename S>
 struct Chunk {
   const float *q, *k, *v, *g, *beta;  // (B,H,T,Dk) x2, (B,H,T,Dv), (B,H,T) x2
   const S* state;                     // (B,H,Dk,Dv)
-  S* states;                          // (T,B,H,Dk,Dv)
+  S* states;                          // (T,B,H,Dk,Dv), or (1,B,H,Dk,Dv): the chunk's end only
   float* out;                         // (B,H,T,Dv)
   int64_t rows, t, dk, dv;            // rows = B*H tiles
+  bool end_only;                      // states holds the last position only
 };
 
 inline float widen(float x) { return x; }
@@ -110,7 +116,7 @@ inline void update_row(S* dst, const S* row, const float* delta, float e, float 
   }
 #endif
   for (int64_t j = 0; j < dv; ++j) {
-    const float x = e * widen(row[j]) + ki * delta[j];
+    const float x = std::fma(e, widen(row[j]), ki * delta[j]);
     if constexpr (std::is_same_v<S, float>) to[j] = x; else to[j] = to_bf16(x);
   }
   if (stream) stream_copy(dst, line, dv * int64_t(sizeof(S)));
@@ -149,11 +155,84 @@ inline void read_tile(const S* tile, const float* kt, const float* qt, int64_t d
 #pragma GCC unroll 16
     for (int64_t j = 0; j < dv; ++j) {
       const float x = widen(row[j]);
-      ks[j] += ki * x;
-      qs[j] += qi * x;
+      ks[j] = std::fma(ki, x, ks[j]);
+      qs[j] = std::fma(qi, x, qs[j]);
     }
   }
 }
+
+#if defined(__AVX512F__)
+inline __m512 round_bf16(__m512 x) {  // x rounded as store16 rounds it, widened back: what the next position reads
+  alignas(64) uint16_t bits[16];
+  store16(bits, x);
+  return load16(bits);
+}
+
+// An end_only chunk's tile r with AVX-512, NB x 16 value columns at a time: a (Dk, NB x 16) block of the state
+// stays in L1 over every position, and a position's update and the next position's read are one pass over it (the
+// NB column groups' sums are independent chains, which hides the FMA latency). Per position and column it is the
+// arithmetic of read_tile, the delta and update_row (same operations, same order), so the end state is bit for bit
+// that of the per-position path.
+template <int NB, typename S>
+void end_only_tile(const Chunk<S>& c, int64_t r, __m512* block, float* qk) {
+  const int64_t dk = c.dk, dv = c.dv, t_len = c.t;
+  const S* init = c.state + r * dk * dv;
+  S* dst = c.states + r * dk * dv;
+  for (int64_t t = 0; t < t_len; ++t) {
+    const float *qt = c.q + (r * t_len + t) * dk, *kt = c.k + (r * t_len + t) * dk;
+    float sum = 0.f;
+    for (int64_t i = 0; i < dk; ++i) sum = std::fma(qt[i], kt[i], sum);
+    qk[t] = sum;
+  }
+  for (int64_t j0 = 0; j0 < dv; j0 += 16 * NB) {
+    __m512 ks[NB], qs[NB], delta[NB];
+    for (int u = 0; u < NB; ++u) ks[u] = qs[u] = _mm512_setzero_ps();
+    const float *k0 = c.k + r * t_len * dk, *q0 = c.q + r * t_len * dk;
+    for (int64_t i = 0; i < dk; ++i) {
+      const __m512 kv = _mm512_set1_ps(k0[i]), qv = _mm512_set1_ps(q0[i]);
+#pragma GCC unroll 8
+      for (int u = 0; u < NB; ++u) {
+        const __m512 x = load16(init + i * dv + j0 + 16 * u);
+        block[i * NB + u] = x;
+        ks[u] = _mm512_fmadd_ps(kv, x, ks[u]);
+        qs[u] = _mm512_fmadd_ps(qv, x, qs[u]);
+      }
+    }
+    for (int64_t t = 0; t < t_len; ++t) {
+      const int64_t at = r * t_len + t;
+      const __m512 ev = _mm512_set1_ps(std::exp(c.g[at])), bv = _mm512_set1_ps(c.beta[at]), qkv = _mm512_set1_ps(qk[t]);
+      for (int u = 0; u < NB; ++u) {
+        const int64_t j = j0 + 16 * u;
+        delta[u] = _mm512_mul_ps(_mm512_fnmadd_ps(ev, ks[u], _mm512_loadu_ps(c.v + at * dv + j)), bv);
+        _mm512_storeu_ps(c.out + at * dv + j, _mm512_fmadd_ps(ev, qs[u], _mm512_mul_ps(qkv, delta[u])));
+      }
+      const float* kt = c.k + at * dk;
+      if (t + 1 == t_len) {
+        for (int64_t i = 0; i < dk; ++i) {
+          const __m512 kv = _mm512_set1_ps(kt[i]);
+#pragma GCC unroll 8
+          for (int u = 0; u < NB; ++u)
+            store16(dst + i * dv + j0 + 16 * u, _mm512_fmadd_ps(ev, block[i * NB + u], _mm512_mul_ps(kv, delta[u])));
+        }
+        break;
+      }
+      const float *kn = kt + dk, *qn = c.q + (at + 1) * dk;
+      for (int u = 0; u < NB; ++u) ks[u] = qs[u] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < dk; ++i) {
+        const __m512 kv = _mm512_set1_ps(kt[i]), knv = _mm512_set1_ps(kn[i]), qnv = _mm512_set1_ps(qn[i]);
+#pragma GCC unroll 8
+        for (int u = 0; u < NB; ++u) {
+          __m512 x = _mm512_fmadd_ps(ev, block[i * NB + u], _mm512_mul_ps(kv, delta[u]));
+          if constexpr (!std::is_same_v<S, float>) x = round_bf16(x);
+          block[i * NB + u] = x;
+          ks[u] = _mm512_fmadd_ps(knv, x, ks[u]);
+          qs[u] = _mm512_fmadd_ps(qnv, x, qs[u]);
+        }
+      }
+    }
+  }
+}
+#endif
 
 // The tiles [begin, end) over every position of the chunk. DV > 0: the width at compile time (the
 // accumulators stay in registers); DV == 0: c.dv at run time.
@@ -163,6 +242,7 @@ void run_tiles(const Chunk<S>& c, int64_t begin, int64_t end, bool stream) {
   constexpr int64_t width = DV > 0 ? DV : kMaxDv;
   alignas(64) float ks[width], qs[width], delta[width];
   alignas(64) S line[width];
+  std::vector<S> between(c.end_only ? dk * dv : 0);  // the tile after positions before the last (end_only)
   for (int64_t r = begin; r < end; ++r) {
     const S* prev = c.state + r * tile;
     const S* next_tile = r + 1 < end ? c.state + (r + 1) * tile : nullptr;
@@ -170,16 +250,16 @@ void run_tiles(const Chunk<S>& c, int64_t begin, int64_t end, bool stream) {
       const int64_t at = r * c.t + t;  // (row, head, position)
       const float *qt = c.q + at * dk, *kt = c.k + at * dk, *vt = c.v + at * dv;
       const float e = std::exp(c.g[at]), b = c.beta[at];
-      S* nxt = c.states + (t * c.rows + r) * tile;
+      const bool last = t == c.t - 1;  // earlier positions' states are read again at once: keep them cached
+      S* nxt = c.end_only ? (last ? c.states + r * tile : between.data()) : c.states + (t * c.rows + r) * tile;
       float qk = 0.f;
-      for (int64_t i = 0; i < dk; ++i) qk += qt[i] * kt[i];
+      for (int64_t i = 0; i < dk; ++i) qk = std::fma(qt[i], kt[i], qk);
       read_tile<DV>(prev, kt, qt, dk, dv, ks, qs);
       float* o = c.out + at * dv;
       for (int64_t j = 0; j < dv; ++j) {
-        delta[j] = (vt[j] - e * ks[j]) * b;
-        o[j] = e * qs[j] + qk * delta[j];
+        delta[j] = std::fma(-e, ks[j], vt[j]) * b;
+        o[j] = std::fma(e, qs[j], qk * delta[j]);
       }
-      const bool last = t == c.t - 1;  // earlier positions' states are read again at once: keep them cached
       for (int64_t i = 0; i < dk; ++i) {
         if (last && next_tile != nullptr)
           for (int64_t j = 0; j < dv * int64_t(sizeof(S)); j += 64)
@@ -196,6 +276,19 @@ void run_tiles(const Chunk<S>& c, int64_t begin, int64_t end, bool stream) {
 
 template <typename S>
 void run(const Chunk<S>& c) {
+#if defined(__AVX512F__)
+  if (c.end_only && c.dv % 16 == 0) {
+    at::parallel_for(0, c.rows, 1, [&](int64_t begin, int64_t end) {
+      std::vector<__m512> block(c.dk * 4);  // (Dk, NB) vectors
+      std::vector<float> qk(c.t);
+      for (int64_t r = begin; r < end; ++r) {
+        if (c.dv % 64 == 0) end_only_tile<4>(c, r, block.data(), qk.data());
+        else end_only_tile<1>(c, r, block.data(), qk.data());
+      }
+    });
+    return;
+  }
+#endif
   const int64_t row_bytes = c.dv * int64_t(sizeof(S));
   const bool stream = kStreamBytes > 0 && row_bytes % kStreamBytes == 0 &&
                       reinterpret_cast<std::uintptr_t>(c.states) % kStreamBytes == 0;
@@ -223,17 +316,19 @@ void gdn_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   TORCH_CHECK(q.sizes() == k.sizes() && v.sizes() == at::IntArrayRef({b, h, t, dv}), "gdn_recurrent: q, k, v shapes");
   TORCH_CHECK(g.sizes() == at::IntArrayRef({b, h, t}) && beta.sizes() == g.sizes(), "gdn_recurrent: g, beta shapes");
   TORCH_CHECK(state.sizes() == at::IntArrayRef({b, h, dk, dv}), "gdn_recurrent: state shape");
-  TORCH_CHECK(states.sizes() == at::IntArrayRef({t, b, h, dk, dv}) && out.sizes() == v.sizes(), "gdn_recurrent: outputs");
+  const bool end_only = t > 1 && states.size(0) == 1;
+  TORCH_CHECK(states.sizes() == at::IntArrayRef({end_only ? 1 : t, b, h, dk, dv}) && out.sizes() == v.sizes(),
+              "gdn_recurrent: outputs");
   TORCH_CHECK(dv <= kMaxDv, "gdn_recurrent: value head dim above ", kMaxDv);
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float *gp = g.data_ptr<float>(), *bp = beta.data_ptr<float>();
   if (kind == at::kFloat) {
     run(Chunk<float>{qp, kp, vp, gp, bp, state.data_ptr<float>(), states.data_ptr<float>(), out.data_ptr<float>(),
-                     b * h, t, dk, dv});
+                     b * h, t, dk, dv, end_only});
   } else {
     run(Chunk<uint16_t>{qp, kp, vp, gp, bp, reinterpret_cast<const uint16_t*>(state.data_ptr<at::BFloat16>()),
                         reinterpret_cast<uint16_t*>(states.data_ptr<at::BFloat16>()), out.data_ptr<float>(),
-                        b * h, t, dk, dv});
+                        b * h, t, dk, dv, end_only});
   }
 }
 

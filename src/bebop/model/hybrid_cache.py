@@ -130,7 +130,21 @@ class LinearStates:
                 self.recurrent[slot] = torch.where(moved[:, None, None, None], states[index, rows], initial)
 
     def copy_rows(self, source: LinearStates, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Rows dst (N,) take the conv and recurrent states of `source`'s rows src (N,)."""
+        """Rows dst (N,) take the conv and recurrent states of `source`'s rows src (N,). Where dst is every row (a
+        prefill's copy into a new batch), each state is one gather of source's rows, not a gather and a scatter, and
+        where source's rows are these rows in order, its tensors are taken as they are: `source` is a prefill's
+        scratch, which nothing uses after."""
+        batch = self.conv[0].shape[0] if self.conv else 0
+        if len(dst) == batch and bool((torch.bincount(dst, minlength=batch) == 1).all()):
+            order = torch.empty_like(src)
+            order[dst] = src  # (B,): the source row of each row
+            assert [x.dtype for x in self.recurrent] == [x.dtype for x in source.recurrent]
+            if source.conv[0].shape[0] == batch and bool((order == torch.arange(batch, device=order.device)).all()):
+                self.conv, self.recurrent = list(source.conv), list(source.recurrent)
+            else:
+                self.conv = [c.index_select(0, order) for c in source.conv]
+                self.recurrent = [r.index_select(0, order) for r in source.recurrent]
+            return
         for mine, theirs in zip(self.conv + self.recurrent, source.conv + source.recurrent):
             mine[dst] = theirs[src]
 

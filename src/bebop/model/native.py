@@ -4,10 +4,10 @@
         torch.ops.bebop_native.gdn_recurrent(...)    # gdn_kernel.cpp: the Gated DeltaNet recurrent rule
         torch.ops.bebop_native.packed_linear(...)    # packed_linear.cpp: oneDNN's matmul on a packed weight
 
-torch's C++ extension builder compiles SOURCES for this machine's instruction set (`-O3 -march=native`, with the
+torch's C++ extension builder compiles SOURCES for this machine's instruction set (CFLAGS: `-march=native`, with the
 compiler inductor uses, and ninja, a dependency) into torch's extension directory (TORCH_EXTENSIONS_DIR, by default
 under ~/.cache): the first process on a machine waits for the build (about 20 s), later ones load it (0.1 s). The
-build is named by the sources, the CPU's flags and torch, so a shared home never loads another kind's. Where no
+build is named by the sources, the CPU's flags, torch and CFLAGS, so a shared home never loads another kind's. Where no
 compiler or ninja is found the build fails once, with a warning naming why, and every caller takes its torch
 path; the compile store keeps graphs apart by whether the library was there (engine/step_packages.py).
 """
@@ -28,6 +28,9 @@ from bebop import progress
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gdn_kernel.cpp", HERE / "packed_linear.cpp")
 ENV = "BEBOP_NATIVE"  # "0": never build or use the native ops
+# for this machine; no fused multiply-add but those the sources write, so that two code paths written to compute
+# alike (the kernel's per-position and column-block paths) round alike
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
 
 _loaded = False
 _tried = False  # load's body runs once a process
@@ -48,7 +51,7 @@ def _name() -> str:
     h = hashlib.sha256()
     for source in SOURCES:
         h.update(source.read_bytes())
-    h.update(_cpu_flags().encode() + torch.__version__.encode())
+    h.update(_cpu_flags().encode() + torch.__version__.encode() + " ".join(CFLAGS).encode())
     return f"bebop_native_{h.hexdigest()[:12]}"
 
 
@@ -74,7 +77,7 @@ def load() -> bool:
         return False
     from torch.utils import cpp_extension
 
-    name = _name()  # the sources, the CPU and torch: a build that exists is this one
+    name = _name()  # the sources, the CPU, torch and the flags: a build that exists is this one
     library = _library(name)
     try:
         if library is not None and library.exists():
@@ -84,7 +87,7 @@ def load() -> bool:
             path = os.environ.get("PATH", "")
             os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])  # ninja's wheel is there
             try:
-                cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=["-O3", "-march=native"],
+                cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
                                    is_python_module=False, verbose=False)
             finally:
                 os.environ["PATH"] = path
