@@ -104,8 +104,11 @@ def test_ragged_prefill_keeps_each_row_at_its_own_length(hf_qwen35_dir, long):
             assert (got[i] - hf(row).logits[0, -1]).abs().max().item() <= LOGITS_TOL, i
 
 
-def test_rollback_inside_a_chunk_restores_the_states(hf_qwen35_dir):
-    """As after a verify: feed 5 tokens, keep 2 (row 0) and 4 (row 1), then continue."""
+@pytest.mark.parametrize("rollbacks", [[[12, 14]], [[11, 11], [15, 15]]])
+def test_rollback_inside_a_chunk_restores_the_states(hf_qwen35_dir, rollbacks):
+    """As after a verify: feed 10 then 5 tokens, keep 2 (row 0) and 4 (row 1), then continue. And keep 1 of 5, then
+    all 5 again: a rollback that keeps every row's whole chunk skips the selection (the states are those `advance`
+    chose) unless an earlier rollback moved them."""
     hf, path = hf_qwen35_dir
     ours = load_model(path)
     ids = _ids(2, 20, 5)
@@ -113,10 +116,12 @@ def test_rollback_inside_a_chunk_restores_the_states(hf_qwen35_dir):
         cache = ours.new_cache(2, 32)
         ours(ids[:, :10], cache)
         ours(ids[:, 10:15], cache)
-        cache.rollback(torch.tensor([12, 14]), span=14)
-        nxt = torch.tensor([[int(ids[0, 12])], [int(ids[1, 14])]])
+        for lengths in rollbacks:
+            cache.rollback(torch.tensor(lengths), span=max(lengths))
+        kept = rollbacks[-1]
+        nxt = torch.tensor([[int(ids[i, n])] for i, n in enumerate(kept)])
         got = ours.logits(ours(nxt, cache))[:, -1]
-        for i, n in enumerate((12, 14)):
+        for i, n in enumerate(kept):
             assert (got[i] - hf(ids[i: i + 1, : n + 1]).logits[0, -1]).abs().max().item() <= LOGITS_TOL, i
 
 

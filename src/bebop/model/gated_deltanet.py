@@ -9,8 +9,9 @@ delta rule, and read by the query (q, k L2-normalised, q scaled by 1/sqrt(Dk)):
 q, k, v come from one projection through a causal depthwise conv1d (kernel K, SiLU), so a cached
 decode also keeps each row's last K-1 conv inputs. The output is RMS-normed per head, gated by
 silu(z) and projected back. Two equal forms: `recurrent_rule` (token by token: decoding, and a
-verify of K+1 drafts, whose state after every position it keeps) and `chunked_rule` (chunks of
-CHUNK tokens in a few matmuls: training and long prefills). Parameter names are Hugging Face's.
+verify of K+1 drafts, whose state after every position it keeps; on a CPU also a prefill, keeping
+only its end) and `chunked_rule` (chunks of CHUNK tokens in a few matmuls: training, and prefills
+where the CPU kernel is not). Parameter names are Hugging Face's.
 """
 
 from __future__ import annotations

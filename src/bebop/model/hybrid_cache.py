@@ -42,6 +42,7 @@ class LinearStates:
         self.states: list[torch.Tensor | None] = [None] * n  # (T, B, ...) after each position, or (1, B, ...) its end
         self.initials: list[torch.Tensor | None] = [None] * n  # (B, Hv, Dk, Dv): the state before the chunk
         self.every_position = True
+        self.at_whole = False  # whether the states are each row's after its whole last chunk (select(whole, whole))
         # storage a short chunk's states are written into, kept from step to step (a new (T, B, Hv, Dk,
         # Dv) tensor each step is tens of MB at 64 rows, which the allocator maps afresh): per layer a pair for
         # one-token chunks, whose states become the recurrent state in turn, and one for longer chunks
@@ -107,6 +108,7 @@ class LinearStates:
         whole (B,): the tokens a row took in that chunk (the only position a chunked form knows)."""
         if not self.windows or self.windows[0] is None:  # no linear layers, or no chunk read yet
             return
+        self.at_whole = kept is whole
         rows = torch.arange(kept.shape[0], device=kept.device)
         if self.every_position:
             index = (kept - 1).clamp(min=0)  # (B,): position kept - 1 of the chunk's states
@@ -116,12 +118,15 @@ class LinearStates:
                                  "SNAPSHOT_MAX tokens (only its start and end are kept)")
             index = torch.zeros_like(kept)  # the chunk's end
         moved = kept > 0  # (B,): rows whose state is one of the chunk's (else the state before it)
-        every_row = bool(moved.all())
         width = self.conv[0].shape[-1]
+        chunk = self.windows[0].shape[-1] - width  # T
+        every_row, all_of_it = torch.stack([moved.all(), (kept == chunk).all()]).tolist()  # one host read
         span = kept[:, None, None] + torch.arange(width, device=kept.device)  # (B, 1, K-1)
         for slot, (window, states, initial) in enumerate(zip(self.windows, self.states, self.initials)):
             assert window is not None and states is not None and initial is not None
-            self.conv[slot] = window.gather(2, span.expand(-1, window.shape[1], -1))  # (B, C, K-1)
+            # (B, C, K-1): each row's last K-1 inputs; where every row took the whole chunk, the window's end
+            self.conv[slot] = (window[:, :, chunk:].contiguous() if all_of_it
+                               else window.gather(2, span.expand(-1, window.shape[1], -1)))
             if every_row and states.shape[0] == 1:
                 self.recurrent[slot] = states[0]  # (B, Hv, Dk, Dv), contiguous: no copy
             elif every_row:  # one gather, no temporary
@@ -173,18 +178,20 @@ class HybridCache(KVCache):
         self.base.copy_(self.lengths)  # in place, as a compiled step's view does (static_cache.HybridStaticView)
         self.taken.copy_(num_new)
         super().advance(num_new, chunk_len)
-        self.linear.select(num_new, self.taken)
+        self.linear.select(self.taken, self.taken)
 
     def rollback(self, lengths: torch.Tensor | list[int], span: int | None = None, current: bool = False) -> None:
         """KVCache.rollback; the linear layers' states select each row's kept position, `current` or not."""
         device = self.lengths.device
         lengths = host_tensor(lengths, device) if isinstance(lengths, list) else lengths.to(device)
         kept = lengths - self.base  # (B,)
-        if bool(((kept < 0) | (kept > self.taken)).any()):
+        outside, whole = torch.stack([((kept < 0) | (kept > self.taken)).any(), (kept == self.taken).all()]).tolist()
+        if outside:
             raise BebopError("a hybrid cache rolls back only inside its last chunk (the recurrent state of "
                              "earlier positions is gone)")
         super().rollback(lengths, span)
-        self.linear.select(kept, self.taken)
+        if not (whole and self.linear.at_whole):  # else the states `advance` selected, each row's whole chunk
+            self.linear.select(kept, self.taken)
 
     def copy_rows(self, source: KVCache, sources: list[int], targets: list[int], width: int) -> None:
         """KVCache.copy_rows, the linear layers' states too; the copied rows start a new chunk (no rollback
