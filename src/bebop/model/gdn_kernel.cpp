@@ -9,12 +9,13 @@
 // update), each pass streaming the whole batch's states through memory; here a tile is read from memory once
 // and written once, the second pass finding it in cache. The chunk's last states are written with streaming
 // stores (no read of the destination before its write), and the next tile is prefetched during the second
-// pass. Each position is computed by the same code whatever the chunk's length, the batch or the threads (one
-// thread owns a tile), so a decode step and a verify round alike.
-//
-// Given states of one position for a chunk of several (a prefill, which keeps only its end), the positions before
-// the last are written to a per-thread tile of scratch in cache instead, and only the last goes to `states`: the
-// same code per position, so the end state is bit for bit that of keeping every position.
+// pass. That per-position path serves a decode step (one position). A chunk of several (a verify, or a prefill
+// given states of one position, which keeps only its end) runs with AVX-512 a block of a tile's columns at a time
+// over every position, the block in L1 (block_tile); elsewhere the per-position path, a prefill's positions before
+// the last written to a per-thread tile of scratch. Both paths compute each position with the same operations in
+// the same order (fused multiply-adds written out, the library built with -ffp-contract=off), whatever the chunk's
+// length, the batch or the threads (one thread owns a tile): a decode step and a verify round alike, and a
+// prefill's end is bit for bit that of keeping every position.
 //
 // The states are float32 or bfloat16 (a cache that keeps them in the model's dtype, as vLLM does by default:
 // half the bytes). The arithmetic is float32 either way; a bfloat16 state is rounded to nearest even as torch
@@ -91,12 +92,19 @@ inline __m512 load16(const uint16_t* p) {  // 16 bfloat16 -> float32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
-inline void store16(uint16_t* p, __m512 x) {  // to_bf16 on 16 lanes
+inline __m256i bf16_bits(__m512 x) {  // to_bf16 on 16 lanes
   const __m512i u = _mm512_castps_si512(x);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
   r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+inline void store16(uint16_t* p, __m512 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_bits(x)); }
+// store16, streamed past the cache when asked (p aligned to the 16 values' bytes: the caller checked)
+inline void put16(float* p, __m512 x, bool stream) { stream ? _mm512_stream_ps(p, x) : _mm512_storeu_ps(p, x); }
+inline void put16(uint16_t* p, __m512 x, bool stream) {
+  if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bf16_bits(x));
+  else store16(p, x);
 }
 #endif
 
@@ -162,22 +170,33 @@ inline void read_tile(const S* tile, const float* kt, const float* qt, int64_t d
 }
 
 #if defined(__AVX512F__)
-inline __m512 round_bf16(__m512 x) {  // x rounded as store16 rounds it, widened back: what the next position reads
-  alignas(64) uint16_t bits[16];
-  store16(bits, x);
-  return load16(bits);
+inline __m512 widen16(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
+
+// x as the next position reads it (a bfloat16 state rounded as store16 rounds it), written to p unless p is null
+inline __m512 keep16(float* p, __m512 x, bool stream) {
+  if (p != nullptr) put16(p, x, stream);
+  return x;
+}
+inline __m512 keep16(uint16_t* p, __m512 x, bool stream) {
+  const __m256i bits = bf16_bits(x);
+  if (p != nullptr) {
+    if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bits);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+  }
+  return widen16(bits);
 }
 
-// An end_only chunk's tile r with AVX-512, NB x 16 value columns at a time: a (Dk, NB x 16) block of the state
-// stays in L1 over every position, and a position's update and the next position's read are one pass over it (the
-// NB column groups' sums are independent chains, which hides the FMA latency). Per position and column it is the
-// arithmetic of read_tile, the delta and update_row (same operations, same order), so the end state is bit for bit
-// that of the per-position path.
+// A chunk's tile r with AVX-512 (a chunk of several positions), NB x 16 value columns at a time: a (Dk, NB x 16)
+// block of the state stays in L1 over every position, and a position's update and the next position's read are one
+// pass over it (the NB column groups' sums are independent chains, which hides the FMA latency). Each position's
+// states are written as they are computed (streamed where `stream`: nothing reads them back here), or the last
+// only (end_only). Per position and column it is the arithmetic of read_tile, the delta and update_row (same
+// operations, same order), so the states are bit for bit those of the per-position path, which a decode step takes.
 template <int NB, typename S>
-void end_only_tile(const Chunk<S>& c, int64_t r, __m512* block, float* qk) {
-  const int64_t dk = c.dk, dv = c.dv, t_len = c.t;
-  const S* init = c.state + r * dk * dv;
-  S* dst = c.states + r * dk * dv;
+void block_tile(const Chunk<S>& c, int64_t r, __m512* block, float* qk, bool stream) {
+  const int64_t dk = c.dk, dv = c.dv, t_len = c.t, tile = dk * dv;
+  const S* init = c.state + r * tile;
+  auto states_at = [&](int64_t t) { return c.states + ((c.end_only ? 0 : t) * c.rows + r) * tile; };
   for (int64_t t = 0; t < t_len; ++t) {
     const float *qt = c.q + (r * t_len + t) * dk, *kt = c.k + (r * t_len + t) * dk;
     float sum = 0.f;
@@ -208,22 +227,24 @@ void end_only_tile(const Chunk<S>& c, int64_t r, __m512* block, float* qk) {
       }
       const float* kt = c.k + at * dk;
       if (t + 1 == t_len) {
+        S* dst = states_at(t) + j0;
         for (int64_t i = 0; i < dk; ++i) {
           const __m512 kv = _mm512_set1_ps(kt[i]);
 #pragma GCC unroll 8
           for (int u = 0; u < NB; ++u)
-            store16(dst + i * dv + j0 + 16 * u, _mm512_fmadd_ps(ev, block[i * NB + u], _mm512_mul_ps(kv, delta[u])));
+            put16(dst + i * dv + 16 * u, _mm512_fmadd_ps(ev, block[i * NB + u], _mm512_mul_ps(kv, delta[u])), stream);
         }
         break;
       }
+      S* dst = c.end_only ? nullptr : states_at(t) + j0;
       const float *kn = kt + dk, *qn = c.q + (at + 1) * dk;
       for (int u = 0; u < NB; ++u) ks[u] = qs[u] = _mm512_setzero_ps();
       for (int64_t i = 0; i < dk; ++i) {
         const __m512 kv = _mm512_set1_ps(kt[i]), knv = _mm512_set1_ps(kn[i]), qnv = _mm512_set1_ps(qn[i]);
 #pragma GCC unroll 8
         for (int u = 0; u < NB; ++u) {
-          __m512 x = _mm512_fmadd_ps(ev, block[i * NB + u], _mm512_mul_ps(kv, delta[u]));
-          if constexpr (!std::is_same_v<S, float>) x = round_bf16(x);
+          const __m512 x = keep16(dst == nullptr ? nullptr : dst + i * dv + 16 * u,
+                                  _mm512_fmadd_ps(ev, block[i * NB + u], _mm512_mul_ps(kv, delta[u])), stream);
           block[i * NB + u] = x;
           ks[u] = _mm512_fmadd_ps(knv, x, ks[u]);
           qs[u] = _mm512_fmadd_ps(qnv, x, qs[u]);
@@ -276,22 +297,23 @@ void run_tiles(const Chunk<S>& c, int64_t begin, int64_t end, bool stream) {
 
 template <typename S>
 void run(const Chunk<S>& c) {
+  const int64_t row_bytes = c.dv * int64_t(sizeof(S));
+  const bool stream = kStreamBytes > 0 && row_bytes % kStreamBytes == 0 &&
+                      reinterpret_cast<std::uintptr_t>(c.states) % kStreamBytes == 0;
 #if defined(__AVX512F__)
-  if (c.end_only && c.dv % 16 == 0) {
+  if (c.t > 1 && c.dv % 16 == 0) {  // a verify or a prefill: the column blocks
     at::parallel_for(0, c.rows, 1, [&](int64_t begin, int64_t end) {
       std::vector<__m512> block(c.dk * 4);  // (Dk, NB) vectors
       std::vector<float> qk(c.t);
       for (int64_t r = begin; r < end; ++r) {
-        if (c.dv % 64 == 0) end_only_tile<4>(c, r, block.data(), qk.data());
-        else end_only_tile<1>(c, r, block.data(), qk.data());
+        if (c.dv % 64 == 0) block_tile<4>(c, r, block.data(), qk.data(), stream);
+        else block_tile<1>(c, r, block.data(), qk.data(), stream);
       }
+      if (stream) _mm_sfence();
     });
     return;
   }
 #endif
-  const int64_t row_bytes = c.dv * int64_t(sizeof(S));
-  const bool stream = kStreamBytes > 0 && row_bytes % kStreamBytes == 0 &&
-                      reinterpret_cast<std::uintptr_t>(c.states) % kStreamBytes == 0;
   at::parallel_for(0, c.rows, 1, [&](int64_t begin, int64_t end) {
     switch (c.dv) {
       case 64: run_tiles<64>(c, begin, end, stream); break;
