@@ -86,12 +86,11 @@ inline void stream_copy(void* dst, const void* src, int64_t bytes) {
 }
 
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {  // 16 bfloat16 -> float32
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+inline __m512 widen16(__m256i bits) {  // 16 bfloat16 -> float32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
-inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) { return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline __m256i bf16_bits(__m512 x) {  // to_bf16 on 16 lanes
   const __m512i u = _mm512_castps_si512(x);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -99,13 +98,14 @@ inline __m256i bf16_bits(__m512 x) {  // to_bf16 on 16 lanes
   r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
-inline void store16(uint16_t* p, __m512 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_bits(x)); }
-// store16, streamed past the cache when asked (p aligned to the 16 values' bytes: the caller checked)
-inline void put16(float* p, __m512 x, bool stream) { stream ? _mm512_stream_ps(p, x) : _mm512_storeu_ps(p, x); }
-inline void put16(uint16_t* p, __m512 x, bool stream) {
-  if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bf16_bits(x));
-  else store16(p, x);
+inline void put_bits(uint16_t* p, __m256i bits, bool stream) {
+  if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bits);
+  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
 }
+// 16 values stored (a bfloat16 state rounded as torch rounds), streamed past the cache when asked (p aligned to
+// the 16 values' bytes: the caller checked)
+inline void put16(float* p, __m512 x, bool stream) { stream ? _mm512_stream_ps(p, x) : _mm512_storeu_ps(p, x); }
+inline void put16(uint16_t* p, __m512 x, bool stream) { put_bits(p, bf16_bits(x), stream); }
 #endif
 
 // dst = e * row + ki * delta over dv values; streamed (bypassing the cache) when asked (the caller checked the
@@ -118,7 +118,7 @@ inline void update_row(S* dst, const S* row, const float* delta, float e, float 
   if (dv % 16 == 0) {
     const __m512 ev = _mm512_set1_ps(e), kv = _mm512_set1_ps(ki);
     for (int64_t j = 0; j < dv; j += 16)
-      store16(to + j, _mm512_fmadd_ps(ev, load16(row + j), _mm512_mul_ps(kv, _mm512_loadu_ps(delta + j))));
+      put16(to + j, _mm512_fmadd_ps(ev, load16(row + j), _mm512_mul_ps(kv, _mm512_loadu_ps(delta + j))), false);
     if (stream) stream_copy(dst, line, dv * int64_t(sizeof(S)));
     return;
   }
@@ -170,19 +170,14 @@ inline void read_tile(const S* tile, const float* kt, const float* qt, int64_t d
 }
 
 #if defined(__AVX512F__)
-inline __m512 widen16(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
-
-// x as the next position reads it (a bfloat16 state rounded as store16 rounds it), written to p unless p is null
+// x as the next position reads it (a bfloat16 state rounded as put16 rounds it), written to p unless p is null
 inline __m512 keep16(float* p, __m512 x, bool stream) {
   if (p != nullptr) put16(p, x, stream);
   return x;
 }
 inline __m512 keep16(uint16_t* p, __m512 x, bool stream) {
   const __m256i bits = bf16_bits(x);
-  if (p != nullptr) {
-    if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bits);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
-  }
+  if (p != nullptr) put_bits(p, bits, stream);
   return widen16(bits);
 }
 
