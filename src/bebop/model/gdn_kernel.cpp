@@ -10,8 +10,8 @@
 // and written once, the second pass finding it in cache. The chunk's last states are written with streaming
 // stores (no read of the destination before its write), and the next tile is prefetched during the second
 // pass. That per-position path serves a decode step (one position). A chunk of several (a verify, or a prefill
-// given states of one position, which keeps only its end) runs with AVX-512 a block of a tile's columns at a time
-// over every position, the block in L1 (block_tile); elsewhere the per-position path, a prefill's positions before
+// given states of one position, which keeps only its end) runs with AVX-512 or AVX2 a block of a tile's columns at a
+// time over every position, the block in L1 (block_tile); elsewhere the per-position path, a prefill's positions before
 // the last written to a per-thread tile of scratch. Both paths compute each position with the same operations in
 // the same order (fused multiply-adds written out, the library built with -ffp-contract=off), whatever the chunk's
 // length, the batch or the threads (one thread owns a tile): a decode step and a verify round alike, and a
@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
@@ -85,27 +86,68 @@ inline void stream_copy(void* dst, const void* src, int64_t bytes) {
 #endif
 }
 
+// One vector of float32 lanes: AVX-512's 16 or AVX2's 8 (with FMA). The column blocks and the per-position path's
+// rows are written once against these names; each lane's arithmetic is the scalar code's.
 #if defined(__AVX512F__)
-inline __m512 widen16(__m256i bits) {  // 16 bfloat16 -> float32
+#define BEBOP_VEC 16
+using vec = __m512;
+using vbits = __m256i;  // a vector's bfloat16 bits
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vset(float x) { return _mm512_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }    // a b + c
+inline vec vfnma(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vec x) { _mm512_storeu_ps(p, x); }
+inline vec widen_bits(vbits bits) {  // bfloat16 -> float32
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) { return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-inline __m256i bf16_bits(__m512 x) {  // to_bf16 on 16 lanes
+inline vec vload(const uint16_t* p) { return widen_bits(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline vbits bf16_bits(vec x) {  // to_bf16 on every lane
   const __m512i u = _mm512_castps_si512(x);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
   r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
-inline void put_bits(uint16_t* p, __m256i bits, bool stream) {
+inline void put_bits(uint16_t* p, vbits bits, bool stream) {
   if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bits);
   else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
 }
-// 16 values stored (a bfloat16 state rounded as torch rounds), streamed past the cache when asked (p aligned to
-// the 16 values' bytes: the caller checked)
-inline void put16(float* p, __m512 x, bool stream) { stream ? _mm512_stream_ps(p, x) : _mm512_storeu_ps(p, x); }
-inline void put16(uint16_t* p, __m512 x, bool stream) { put_bits(p, bf16_bits(x), stream); }
+inline void vput(float* p, vec x, bool stream) { stream ? _mm512_stream_ps(p, x) : _mm512_storeu_ps(p, x); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define BEBOP_VEC 8
+using vec = __m256;
+using vbits = __m128i;
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vset(float x) { return _mm256_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vfnma(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vec x) { _mm256_storeu_ps(p, x); }
+inline vec widen_bits(vbits bits) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16)); }
+inline vec vload(const uint16_t* p) { return widen_bits(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline vbits bf16_bits(vec x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+  r = _mm256_srli_epi32(r, 16);  // each lane's bits below 2^16: the unsigned pack keeps them
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8));
+}
+inline void put_bits(uint16_t* p, vbits bits, bool stream) {
+  if (stream) _mm_stream_si128(reinterpret_cast<__m128i*>(p), bits);
+  else _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits);
+}
+inline void vput(float* p, vec x, bool stream) { stream ? _mm256_stream_ps(p, x) : _mm256_storeu_ps(p, x); }
+#endif
+
+#ifdef BEBOP_VEC
+constexpr int64_t kVec = BEBOP_VEC;
+// a vector's values stored (a bfloat16 state rounded as torch rounds), streamed past the cache when asked (p aligned
+// to the values' bytes: the caller checked)
+inline void vput(uint16_t* p, vec x, bool stream) { put_bits(p, bf16_bits(x), stream); }
 #endif
 
 // dst = e * row + ki * delta over dv values; streamed (bypassing the cache) when asked (the caller checked the
@@ -114,11 +156,10 @@ inline void put16(uint16_t* p, __m512 x, bool stream) { put_bits(p, bf16_bits(x)
 template <typename S>
 inline void update_row(S* dst, const S* row, const float* delta, float e, float ki, int64_t dv, bool stream, S* line) {
   S* to = stream ? line : dst;
-#if defined(__AVX512F__)
-  if (dv % 16 == 0) {
-    const __m512 ev = _mm512_set1_ps(e), kv = _mm512_set1_ps(ki);
-    for (int64_t j = 0; j < dv; j += 16)
-      put16(to + j, _mm512_fmadd_ps(ev, load16(row + j), _mm512_mul_ps(kv, _mm512_loadu_ps(delta + j))), false);
+#ifdef BEBOP_VEC
+  if (dv % kVec == 0 && (kVec == 16 || std::is_same_v<S, float>)) {  // AVX2 rounds bfloat16 faster as scalar code
+    const vec ev = vset(e), kv = vset(ki);
+    for (int64_t j = 0; j < dv; j += kVec) vput(to + j, vfma(ev, vload(row + j), vmul(kv, vload(delta + j))), false);
     if (stream) stream_copy(dst, line, dv * int64_t(sizeof(S)));
     return;
   }
@@ -144,7 +185,7 @@ inline void read_tile(const S* tile, const float* kt, const float* qt, int64_t d
       const S* row = tile + i * DV;
 #pragma GCC unroll 16
       for (int64_t u = 0; u < n; ++u) {
-        const __m512 x = load16(row + 16 * u);
+        const __m512 x = vload(row + 16 * u);
         ka[u] = _mm512_fmadd_ps(kv, x, ka[u]);
         qa[u] = _mm512_fmadd_ps(qv, x, qa[u]);
       }
@@ -169,26 +210,26 @@ inline void read_tile(const S* tile, const float* kt, const float* qt, int64_t d
   }
 }
 
-#if defined(__AVX512F__)
-// x as the next position reads it (a bfloat16 state rounded as put16 rounds it), written to p unless p is null
-inline __m512 keep16(float* p, __m512 x, bool stream) {
-  if (p != nullptr) put16(p, x, stream);
+#ifdef BEBOP_VEC
+// x as the next position reads it (a bfloat16 state rounded as vput rounds it), written to p unless p is null
+inline vec vkeep(float* p, vec x, bool stream) {
+  if (p != nullptr) vput(p, x, stream);
   return x;
 }
-inline __m512 keep16(uint16_t* p, __m512 x, bool stream) {
-  const __m256i bits = bf16_bits(x);
+inline vec vkeep(uint16_t* p, vec x, bool stream) {
+  const vbits bits = bf16_bits(x);
   if (p != nullptr) put_bits(p, bits, stream);
-  return widen16(bits);
+  return widen_bits(bits);
 }
 
-// A chunk's tile r with AVX-512 (a chunk of several positions), NB x 16 value columns at a time: a (Dk, NB x 16)
+// A chunk's tile r (a chunk of several positions), NB vectors of value columns at a time: a (Dk, NB x kVec)
 // block of the state stays in L1 over every position, and a position's update and the next position's read are one
 // pass over it (the NB column groups' sums are independent chains, which hides the FMA latency). Each position's
 // states are written as they are computed (streamed where `stream`: nothing reads them back here), or the last
 // only (end_only). Per position and column it is the arithmetic of read_tile, the delta and update_row (same
 // operations, same order), so the states are bit for bit those of the per-position path, which a decode step takes.
 template <int NB, typename S>
-void block_tile(const Chunk<S>& c, int64_t r, __m512* block, float* qk, bool stream) {
+void block_tile(const Chunk<S>& c, int64_t r, vec* block, float* qk, bool stream) {
   const int64_t dk = c.dk, dv = c.dv, t_len = c.t, tile = dk * dv;
   const S* init = c.state + r * tile;
   auto states_at = [&](int64_t t) { return c.states + ((c.end_only ? 0 : t) * c.rows + r) * tile; };
@@ -198,51 +239,51 @@ void block_tile(const Chunk<S>& c, int64_t r, __m512* block, float* qk, bool str
     for (int64_t i = 0; i < dk; ++i) sum = std::fma(qt[i], kt[i], sum);
     qk[t] = sum;
   }
-  for (int64_t j0 = 0; j0 < dv; j0 += 16 * NB) {
-    __m512 ks[NB], qs[NB], delta[NB];
-    for (int u = 0; u < NB; ++u) ks[u] = qs[u] = _mm512_setzero_ps();
+  for (int64_t j0 = 0; j0 < dv; j0 += kVec * NB) {
+    vec ks[NB], qs[NB], delta[NB];
+    for (int u = 0; u < NB; ++u) ks[u] = qs[u] = vzero();
     const float *k0 = c.k + r * t_len * dk, *q0 = c.q + r * t_len * dk;
     for (int64_t i = 0; i < dk; ++i) {
-      const __m512 kv = _mm512_set1_ps(k0[i]), qv = _mm512_set1_ps(q0[i]);
+      const vec kv = vset(k0[i]), qv = vset(q0[i]);
 #pragma GCC unroll 8
       for (int u = 0; u < NB; ++u) {
-        const __m512 x = load16(init + i * dv + j0 + 16 * u);
+        const vec x = vload(init + i * dv + j0 + kVec * u);
         block[i * NB + u] = x;
-        ks[u] = _mm512_fmadd_ps(kv, x, ks[u]);
-        qs[u] = _mm512_fmadd_ps(qv, x, qs[u]);
+        ks[u] = vfma(kv, x, ks[u]);
+        qs[u] = vfma(qv, x, qs[u]);
       }
     }
     for (int64_t t = 0; t < t_len; ++t) {
       const int64_t at = r * t_len + t;
-      const __m512 ev = _mm512_set1_ps(std::exp(c.g[at])), bv = _mm512_set1_ps(c.beta[at]), qkv = _mm512_set1_ps(qk[t]);
+      const vec ev = vset(std::exp(c.g[at])), bv = vset(c.beta[at]), qkv = vset(qk[t]);
       for (int u = 0; u < NB; ++u) {
-        const int64_t j = j0 + 16 * u;
-        delta[u] = _mm512_mul_ps(_mm512_fnmadd_ps(ev, ks[u], _mm512_loadu_ps(c.v + at * dv + j)), bv);
-        _mm512_storeu_ps(c.out + at * dv + j, _mm512_fmadd_ps(ev, qs[u], _mm512_mul_ps(qkv, delta[u])));
+        const int64_t j = j0 + kVec * u;
+        delta[u] = vmul(vfnma(ev, ks[u], vload(c.v + at * dv + j)), bv);
+        vstore(c.out + at * dv + j, vfma(ev, qs[u], vmul(qkv, delta[u])));
       }
       const float* kt = c.k + at * dk;
       if (t + 1 == t_len) {
         S* dst = states_at(t) + j0;
         for (int64_t i = 0; i < dk; ++i) {
-          const __m512 kv = _mm512_set1_ps(kt[i]);
+          const vec kv = vset(kt[i]);
 #pragma GCC unroll 8
           for (int u = 0; u < NB; ++u)
-            put16(dst + i * dv + 16 * u, _mm512_fmadd_ps(ev, block[i * NB + u], _mm512_mul_ps(kv, delta[u])), stream);
+            vput(dst + i * dv + kVec * u, vfma(ev, block[i * NB + u], vmul(kv, delta[u])), stream);
         }
         break;
       }
       S* dst = c.end_only ? nullptr : states_at(t) + j0;
       const float *kn = kt + dk, *qn = c.q + (at + 1) * dk;
-      for (int u = 0; u < NB; ++u) ks[u] = qs[u] = _mm512_setzero_ps();
+      for (int u = 0; u < NB; ++u) ks[u] = qs[u] = vzero();
       for (int64_t i = 0; i < dk; ++i) {
-        const __m512 kv = _mm512_set1_ps(kt[i]), knv = _mm512_set1_ps(kn[i]), qnv = _mm512_set1_ps(qn[i]);
+        const vec kv = vset(kt[i]), knv = vset(kn[i]), qnv = vset(qn[i]);
 #pragma GCC unroll 8
         for (int u = 0; u < NB; ++u) {
-          const __m512 x = keep16(dst == nullptr ? nullptr : dst + i * dv + 16 * u,
-                                  _mm512_fmadd_ps(ev, block[i * NB + u], _mm512_mul_ps(kv, delta[u])), stream);
+          const vec x = vkeep(dst == nullptr ? nullptr : dst + i * dv + kVec * u,
+                                  vfma(ev, block[i * NB + u], vmul(kv, delta[u])), stream);
           block[i * NB + u] = x;
-          ks[u] = _mm512_fmadd_ps(knv, x, ks[u]);
-          qs[u] = _mm512_fmadd_ps(qnv, x, qs[u]);
+          ks[u] = vfma(knv, x, ks[u]);
+          qs[u] = vfma(qnv, x, qs[u]);
         }
       }
     }
@@ -295,13 +336,15 @@ void run(const Chunk<S>& c) {
   const int64_t row_bytes = c.dv * int64_t(sizeof(S));
   const bool stream = kStreamBytes > 0 && row_bytes % kStreamBytes == 0 &&
                       reinterpret_cast<std::uintptr_t>(c.states) % kStreamBytes == 0;
-#if defined(__AVX512F__)
-  if (c.t > 1 && c.dv % 16 == 0) {  // a verify or a prefill: the column blocks
+#ifdef BEBOP_VEC
+  // a verify or a prefill: the column blocks (with AVX2 for float32 states only: rounding a bfloat16 state there takes
+  // more instructions than its update, and the per-position path rounds each value once)
+  if (c.t > 1 && c.dv % kVec == 0 && (kVec == 16 || std::is_same_v<S, float>)) {
     at::parallel_for(0, c.rows, 1, [&](int64_t begin, int64_t end) {
-      std::vector<__m512> block(c.dk * 4);  // (Dk, NB) vectors
+      std::vector<vec> block(c.dk * 4);  // (Dk, NB) vectors
       std::vector<float> qk(c.t);
       for (int64_t r = begin; r < end; ++r) {
-        if (c.dv % 64 == 0) block_tile<4>(c, r, block.data(), qk.data(), stream);
+        if (c.dv % (4 * kVec) == 0) block_tile<4>(c, r, block.data(), qk.data(), stream);
         else block_tile<1>(c, r, block.data(), qk.data(), stream);
       }
       if (stream) _mm_sfence();
