@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bebop.model.attention_kernel import cached_attention
 from bebop.model.config import ModelConfig
 from bebop.model.context import AttentionContext
 from bebop.model.gated_deltanet import GatedDeltaNet
@@ -92,7 +93,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             k, v = ctx.cache.write(self.layer_idx, ctx.positions, k, v)  # (B, Hkv, S, Dh)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, enable_gqa=True)
+            out = cached_attention(q, k, v, ctx.mask)  # (B, Hq, T, Dh)
         return self.output(out, gate)  # (B, T, H)
 
 

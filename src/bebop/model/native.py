@@ -3,6 +3,7 @@
     if native.load():                            # False where they cannot be built, or BEBOP_NATIVE=0
         torch.ops.bebop_native.gdn_recurrent(...)    # gdn_kernel.cpp: the Gated DeltaNet recurrent rule
         torch.ops.bebop_native.packed_linear(...)    # packed_linear.cpp: oneDNN's matmul on a packed weight
+        torch.ops.bebop_native.cached_attention(...) # attention_kernel.cpp: attention over a KV cache
 
 torch's C++ extension builder compiles SOURCES for this machine's instruction set (CFLAGS: `-march=native`, with the
 compiler inductor uses, and ninja, a dependency) into torch's extension directory (TORCH_EXTENSIONS_DIR, by default
@@ -26,11 +27,13 @@ import torch
 from bebop import progress
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gdn_kernel.cpp", HERE / "packed_linear.cpp")
+SOURCES = (HERE / "gdn_kernel.cpp", HERE / "packed_linear.cpp", HERE / "attention_kernel.cpp")
+HEADERS = (HERE / "simd.h",)  # included by the sources: part of the build's name
 ENV = "BEBOP_NATIVE"  # "0": never build or use the native ops
 # for this machine; no fused multiply-add but those the sources write, so that two code paths written to compute
 # alike (the kernel's per-position and column-block paths) round alike
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
+# -fopenmp: at::parallel_for is inline OpenMP, serial without it (linked to the libgomp torch has loaded)
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp")
 
 _loaded = False
 _tried = False  # load's body runs once a process
@@ -49,7 +52,7 @@ def _cpu_flags() -> str:
 
 def _name() -> str:
     h = hashlib.sha256()
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         h.update(source.read_bytes())
     h.update(_cpu_flags().encode() + torch.__version__.encode() + " ".join(CFLAGS).encode())
     return f"bebop_native_{h.hexdigest()[:12]}"
@@ -87,13 +90,14 @@ def load() -> bool:
             path = os.environ.get("PATH", "")
             os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])  # ninja's wheel is there
             try:
-                cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
                                    is_python_module=False, verbose=False)
             finally:
                 os.environ["PATH"] = path
         # what a graph being compiled sees of them (inductor then calls them as extern ops)
         torch.library.register_fake("bebop_native::gdn_recurrent")(_writes_only)
         torch.library.register_fake("bebop_native::packed_linear")(_linear_shape)
+        torch.library.register_fake("bebop_native::cached_attention")(_attention_writes)
         _loaded = True
     except Exception as e:  # no compiler, no ninja, an unknown -march: the torch paths serve
         lines = str(e).strip().splitlines() or [repr(e)]
@@ -106,6 +110,11 @@ def load() -> bool:
 
 def _writes_only(q, k, v, g, beta, state, states, out) -> None:
     """gdn_recurrent's fake: it writes `states` and `out` and returns nothing."""
+    return None
+
+
+def _attention_writes(q, k, v, mask, scale, out) -> None:
+    """cached_attention's fake: it writes `out` and returns nothing."""
     return None
 
 
