@@ -32,8 +32,7 @@ HEADERS = (HERE / "simd.h",)  # included by the sources: part of the build's nam
 ENV = "BEBOP_NATIVE"  # "0": never build or use the native ops
 # for this machine; no fused multiply-add but those the sources write, so that two code paths written to compute
 # alike (the kernel's per-position and column-block paths) round alike
-# -fopenmp: at::parallel_for is inline OpenMP, serial without it (linked to the libgomp torch has loaded)
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp")
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
 
 _loaded = False
 _tried = False  # load's body runs once a process
@@ -90,7 +89,7 @@ def load() -> bool:
             path = os.environ.get("PATH", "")
             os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])  # ninja's wheel is there
             try:
-                cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
+                cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
                                    is_python_module=False, verbose=False)
             finally:
                 os.environ["PATH"] = path
