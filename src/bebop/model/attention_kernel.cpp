@@ -9,9 +9,9 @@
 //
 // Every query is computed alone, with the same operations in the same order whatever the chunk's length, the
 // batch or the threads: the scores' dot products by D-wide vectors summed in one fixed order, the softmax's sum
-// lane by lane over key positions (padded with zeros to whole vectors), the values accumulated in key order. So a
-// verify over k + 1 positions gives each position bit for bit what a decode step at that position gives, as the
-// Gated DeltaNet kernel does for its states. A query the mask hides every key from gets zeros.
+// lane by lane over key positions (padded with zeros to whole vectors), the values accumulated in key order: a row's
+// numbers do not depend on the batch, the group or the scoring path. The engine calls it for decode steps (one
+// position a row; attention_kernel.py). A query the mask hides every key from gets zeros.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
