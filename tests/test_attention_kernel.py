@@ -1,9 +1,11 @@
 """Attention over a KV cache as a CPU kernel (model/attention_kernel.cpp) against torch's
-scaled_dot_product_attention, which it replaces at decode steps: every head dim it dispatches on, grouped query
-heads, strided cache views, masks that hide keys, its two scoring paths alike bit for bit, inside a compiled graph,
-and torch's call wherever the kernel does not apply."""
+scaled_dot_product_attention, which it replaces over a KV cache: every head dim it dispatches on, grouped query
+heads, strided cache views, masks that hide keys, chunks of several positions (a verify, a prefill) alike bit for bit
+with one position at a time, its two scoring paths alike, any thread count, inside a compiled graph, and torch's
+call wherever the kernel does not apply."""
 
 import shutil
+import threading
 
 import pytest
 import torch
@@ -96,12 +98,67 @@ def test_kernel_runs_inside_a_compiled_graph(kernel):
     assert torch.equal(compiled(q, k, v, mask), step(q, k, v, mask))
 
 
-@pytest.mark.parametrize("case", ["chunk", "bfloat16", "grad"])
+# a verify's k + 1 positions, a prefill's prompt (S = T), a chunk over a long cache
+@pytest.mark.parametrize("b, t, s, d", [(3, 4, 40, 32), (64, 6, 50, 32), (2, 30, 30, 64), (1, 7, 200, 128),
+                                        (2, 5, 19, 24)])
+def test_a_chunk_computes_torchs_attention_and_each_position_alone(kernel, b, t, s, d):
+    """Over a chunk of T positions the kernel computes torch's attention, and each position's output is bit for bit
+    the one a decode step (that position alone, its row of the mask) gets: a verify sees the numbers decoding would."""
+    q, k, v, mask = _operands(b, 4, 2, t, s, d, seed=t + s)
+    chunk = cached_attention(q, k, v, mask)
+    torch.testing.assert_close(chunk, _reference(q, k, v, mask), rtol=1e-5, atol=1e-6)
+    for i in range(t):
+        alone = cached_attention(q[:, :, i:i + 1].contiguous(), k, v, mask[:, :, i:i + 1])
+        assert torch.equal(chunk[:, :, i:i + 1], alone)
+
+
+def test_the_thread_count_does_not_change_a_number(kernel):
+    q, k, v, mask = _operands(16, 4, 2, 5, 80, 32, seed=8)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cached_attention(q, k, v, mask)
+        torch.set_num_threads(2)
+        assert torch.equal(cached_attention(q, k, v, mask), one)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_threads_own_count_survives_the_kernel(kernel):
+    """A thread that set its torch thread count keeps it through its first kernel call, though another thread set
+    another count since (the async RL loop's rollout and learner threads): the kernel's threads are torch's."""
+    q, k, v, mask = _operands(64, 4, 2, 6, 60, 32, seed=9)
+    own_set, others_set, seen = threading.Event(), threading.Event(), []
+
+    def worker():
+        torch.get_num_threads()  # torch's own setup of the thread's count, as the RL loop's worker does first
+        torch.set_num_threads(1)
+        own_set.set()
+        others_set.wait()
+        cached_attention(q, k, v, mask)
+        seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    thread = threading.Thread(target=worker)
+    try:
+        thread.start()
+        own_set.wait()
+        torch.set_num_threads(2)
+        others_set.set()
+        thread.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
+
+
+@pytest.mark.parametrize("case", ["unmasked", "bfloat16", "grad"])
 def test_torchs_attention_serves_where_the_kernel_does_not_apply(case):
-    q, k, v, mask = _operands(2, 4, 2, 3 if case == "chunk" else 1, 20, 32, seed=6)
+    q, k, v, mask = _operands(2, 4, 2, 1, 20, 32, seed=6)
     if case == "bfloat16":
         q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     if case == "grad":
         q.requires_grad_(True)
+    if case == "unmasked":
+        mask = None
     assert not attention_kernel.fits(q, k, v, mask)
     assert torch.equal(cached_attention(q, k, v, mask), _reference(q, k, v, mask))

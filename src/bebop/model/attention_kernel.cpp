@@ -10,16 +10,16 @@
 // Every query is computed alone, with the same operations in the same order whatever the chunk's length, the
 // batch or the threads: the scores' dot products by D-wide vectors summed in one fixed order, the softmax's sum
 // lane by lane over key positions (padded with zeros to whole vectors), the values accumulated in key order: a row's
-// numbers do not depend on the batch, the group or the scoring path. The engine calls it for decode steps (one
-// position a row; attention_kernel.py). A query the mask hides every key from gets zeros.
+// numbers do not depend on the batch, the group or the scoring path. The engine calls it for every chunk over
+// its cache (attention_kernel.py). A query the mask hides every key from gets zeros.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "parallel.h"
 #include "simd.h"
 
 namespace {
@@ -70,7 +70,14 @@ inline vec dots(const float* q, const float* kt, int64_t d, int64_t width) {
 // every key is hidden).
 inline float soften(float* row, int64_t width) {
   float top = kHidden;
-  for (int64_t s = 0; s < width; ++s) top = std::max(top, row[s]);
+#ifdef BEBOP_VEC
+  if (width % kVec == 0) {  // a max is the same in any order
+    vec m = vset(kHidden);
+    for (int64_t s = 0; s < width; s += kVec) m = vmax(vload(row + s), m);
+    top = vtop(m);
+  } else
+#endif
+    for (int64_t s = 0; s < width; ++s) top = std::max(top, row[s]);
   if (top == kHidden) {  // no key seen: no weights
     for (int64_t s = 0; s < width; ++s) row[s] = 0.f;
     return 0.f;
@@ -168,9 +175,14 @@ void attend(const Operands& o, int64_t b, int64_t h, int64_t width, float* kt, f
 #ifdef BEBOP_VEC
       if (by_vectors) {
         const vec sv = vset(o.scale);
-        for (int64_t s = 0; s < width; s += kVec) vstore(scores + s, vmul(dots(q, kt + s, d, width), sv));
-        for (int64_t s = 0; s < width; ++s)
-          if (s >= o.s || !seen[s * o.ms]) scores[s] = kHidden;
+        int64_t s = 0;  // the keys' scores, a vector of keys at a time, hidden ones -inf
+        for (; o.ms == 1 && s + kVec <= o.s; s += kVec)
+          vstore(scores + s, vhide(vmul(dots(q, kt + s, d, width), sv), seen + s, kHidden));
+        for (; s < width; s += kVec) {
+          vstore(scores + s, vmul(dots(q, kt + s, d, width), sv));
+          for (int64_t l = s; l < s + kVec; ++l)
+            if (l >= o.s || !seen[l * o.ms]) scores[l] = kHidden;
+        }
       }
 #endif
       if (!by_vectors) {
@@ -205,7 +217,7 @@ void cached_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 #else
   const int64_t width = s;
 #endif
-  at::parallel_for(0, b * hkv, 1, [&](int64_t begin, int64_t end) {
+  parallel_blocks(b * hkv, grain_for(2 * (hq / hkv) * t * s * d), [&](int64_t begin, int64_t end) {
     std::vector<float> scores(width), kt(d * width);
     for (int64_t w = begin; w < end; ++w) {
       switch (d) {

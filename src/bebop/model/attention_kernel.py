@@ -6,10 +6,10 @@ The same attention as `F.scaled_dot_product_attention(q, k, v, attn_mask=mask, e
 against it), where the kernel takes the operands: float32 on a CPU, outside autograd. It reads each cached key
 and value once for all the queries of a (row, KV head), where torch's CPU flash attention runs one small matrix
 product per (row, query head): at a decode step's one query a row, their fixed cost is most of the attention's
-time (docs/benchmarks.md). Each query is computed alone in a fixed order, so a row's numbers do not depend on the
-batch nor on the path that scored its keys. It serves decode steps (one position a row) as an op a compiled graph
-calls too; a verify's or a prefill's chunk, bfloat16, a GPU, training and a machine without the native build keep
-torch's call.
+time, and a bool mask sends it to its slower general path (docs/benchmarks.md). Each query is computed alone in a
+fixed order, so a row's numbers depend neither on the batch, nor on the chunk (a decode step's one position, a
+verify's k + 1, a prefill's prompt), nor on the path that scored its keys. It serves every cached chunk, as an op a
+compiled graph calls too; bfloat16, a GPU, training and a machine without the native build keep torch's call.
 """
 
 from __future__ import annotations
@@ -36,11 +36,9 @@ def cpu_kernel() -> Callable[..., None] | None:
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether the kernel takes these operands: one query position a row (a decode step; over a verify's or a
-    prefill's several, torch's flash attention, which multiplies them as matrices, is as fast or faster: measured in
-    docs/benchmarks.md), float32 CPU tensors outside autograd, each key and value a
+    """Whether the kernel takes these operands: float32 CPU tensors outside autograd, each key and value a
     contiguous row, a bool mask (B, 1 or Hq, T, S), whole groups of query heads per KV head."""
-    return (mask is not None and q.shape[2] == 1 and q.device.type == "cpu"
+    return (mask is not None and q.device.type == "cpu"
             and q.dtype == k.dtype == v.dtype == torch.float32 and mask.dtype == torch.bool and mask.dim() == 4
             and k.stride(-1) == 1 and v.stride(-1) == 1 and q.shape[1] % k.shape[1] == 0
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))

@@ -22,7 +22,6 @@
 // rounds (.to(torch.bfloat16)) each time it is written, and the next position reads the rounded one, as the
 // next decode step would.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>
@@ -30,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "parallel.h"
 #include "simd.h"
 
 namespace {
@@ -270,13 +270,14 @@ void run_tiles(const Chunk<S>& c, int64_t begin, int64_t end, bool stream) {
 template <typename S>
 void run(const Chunk<S>& c) {
   const int64_t row_bytes = c.dv * int64_t(sizeof(S));
+  const int64_t grain = grain_for(3 * c.t * c.dk * c.dv);  // a row's work: the state read, updated, read out
   const bool stream = kStreamBytes > 0 && row_bytes % kStreamBytes == 0 &&
                       reinterpret_cast<std::uintptr_t>(c.states) % kStreamBytes == 0;
 #ifdef BEBOP_VEC
   // a verify or a prefill: the column blocks (with AVX2 for float32 states only: rounding a bfloat16 state there takes
   // more instructions than its update, and the per-position path rounds each value once)
   if (c.t > 1 && c.dv % kVec == 0 && (kVec == 16 || std::is_same_v<S, float>)) {
-    at::parallel_for(0, c.rows, 1, [&](int64_t begin, int64_t end) {
+    parallel_blocks(c.rows, grain, [&](int64_t begin, int64_t end) {
       std::vector<vec> block(c.dk * 4);  // (Dk, NB) vectors
       std::vector<float> qk(c.t);
       for (int64_t r = begin; r < end; ++r) {
@@ -288,7 +289,7 @@ void run(const Chunk<S>& c) {
     return;
   }
 #endif
-  at::parallel_for(0, c.rows, 1, [&](int64_t begin, int64_t end) {
+  parallel_blocks(c.rows, grain, [&](int64_t begin, int64_t end) {
     switch (c.dv) {
       case 64: run_tiles<64>(c, begin, end, stream); break;
       case 128: run_tiles<128>(c, begin, end, stream); break;

@@ -28,11 +28,12 @@ from bebop import progress
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gdn_kernel.cpp", HERE / "packed_linear.cpp", HERE / "attention_kernel.cpp")
-HEADERS = (HERE / "simd.h",)  # included by the sources: part of the build's name
+HEADERS = (HERE / "simd.h", HERE / "parallel.h")  # included by the sources: part of the build's name
 ENV = "BEBOP_NATIVE"  # "0": never build or use the native ops
 # for this machine; no fused multiply-add but those the sources write, so that two code paths written to compute
 # alike (the kernel's per-position and column-block paths) round alike
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
+# -fopenmp: the kernels' threads (parallel.h), in the OpenMP runtime torch has loaded
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp")
 
 _loaded = False
 _tried = False  # load's body runs once a process
@@ -89,7 +90,7 @@ def load() -> bool:
             path = os.environ.get("PATH", "")
             os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])  # ninja's wheel is there
             try:
-                cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                cpp_extension.load(name, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
                                    is_python_module=False, verbose=False)
             finally:
                 os.environ["PATH"] = path

@@ -42,6 +42,13 @@ inline void vput(float* p, vec x, bool stream) { stream ? _mm512_stream_ps(p, x)
 inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec vexp(vec x) { return Sleef_expf16_u10avx512f(x); }  // within 1 ulp, lane by lane
+inline vec vmax(vec x, vec m) { return _mm512_max_ps(x, m); }  // lane by lane; m where x is NaN
+inline vec vhide(vec x, const bool* seen, float hidden) {  // x where seen (a vector's bools), else hidden
+  const __mmask16 off = _mm512_cmpeq_epi32_mask(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(seen))),
+                                                _mm512_setzero_si512());
+  return _mm512_mask_mov_ps(x, off, _mm512_set1_ps(hidden));
+}
+inline float vtop(vec x) { return _mm512_reduce_max_ps(x); }
 inline float vsum(vec x) {  // the lanes' sum, always in the same order
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -77,6 +84,16 @@ inline void vput(float* p, vec x, bool stream) { stream ? _mm256_stream_ps(p, x)
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline vec vexp(vec x) { return Sleef_expf8_u10avx2(x); }
+inline vec vmax(vec x, vec m) { return _mm256_max_ps(x, m); }
+inline vec vhide(vec x, const bool* seen, float hidden) {
+  const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(seen)));
+  return _mm256_blendv_ps(x, _mm256_set1_ps(hidden), _mm256_castsi256_ps(_mm256_cmpeq_epi32(bytes, _mm256_setzero_si256())));
+}
+inline float vtop(vec x) {  // the lanes' max
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
 inline float vsum(vec x) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -68,6 +68,9 @@ class AsyncSource:
     def _work(self, index: int) -> None:
         threads = getattr(getattr(self.sampler, "cfg", None), "rollout_threads", 0)  # a sampler without a config: 0
         if threads:  # per thread (OpenMP): the trainer keeps its own count
+            # torch sets up a thread's count on its first parallel op, to the count some thread set last: done
+            # here first, the thread's own count then stays whatever the trainer sets meanwhile
+            torch.get_num_threads()
             torch.set_num_threads(threads)
         while not self.stop.is_set():
             if not self.slots.acquire(timeout=POLL_S):
