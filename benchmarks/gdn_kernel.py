@@ -3,7 +3,7 @@
     python benchmarks/gdn_kernel.py [--batch-sizes 1,8,64] [--runs 5] [--state-dtype float32|bfloat16]
         [--measures rule,decode] [--out FILE.jsonl]
 
-Two measures, each alternating the two rules run by run (`gdn_kernel._kernel` set or cleared between runs):
+Two measures, each alternating the two rules run by run (`gdn_kernel.cpu_kernel.off` set or cleared between runs):
 - `rule`: one decode position of one layer's rule (the hidden-512 Qwen3.5's 4 value heads of 128 x 128), cycling
   through 12 layers' states so that each call finds its state out of cache, as a decode step does; ms a call.
 - `decode`: eager plain decoding of the hidden-512, 8-layer random Qwen3.5 in bfloat16 (decode_vs_vllm.build_model,
@@ -66,15 +66,15 @@ def decode_case(model, batch: int):
     return run
 
 
-def alternate(run, kernel, runs: int) -> dict[str, list[float]]:
+def alternate(run, runs: int) -> dict[str, list[float]]:
     got: dict[str, list[float]] = {"torch": [], "kernel": []}
     for i in range(runs + 1):  # the first pass warms both
         for name in got:
-            gdn_kernel._kernel = kernel if name == "kernel" else None
+            gdn_kernel.cpu_kernel.off = name != "kernel"
             value = run()
             if i:
                 got[name].append(value)
-    gdn_kernel._kernel = kernel
+    gdn_kernel.cpu_kernel.off = False
     return got
 
 
@@ -87,8 +87,7 @@ def main() -> None:
     parser.add_argument("--out", help="append the result lines to this JSONL file")
     args = parser.parse_args()
     state_dtype = STATE_DTYPES[args.state_dtype]
-    kernel = gdn_kernel.cpu_kernel()
-    if kernel is None:
+    if gdn_kernel.cpu_kernel() is None:
         sys.exit("error: the Gated DeltaNet CPU kernel is not available here (see the warning above)")
     path = Path(tempfile.mkdtemp()) / "qwen35"
     build_model(path, 512, 8, 4096, arch="qwen35")
@@ -98,7 +97,7 @@ def main() -> None:
     for measure in args.measures.split(","):
         for batch in (int(b) for b in args.batch_sizes.split(",")):
             run = rule_case(batch, state_dtype) if measure == "rule" else decode_case(model, batch)
-            got = alternate(run, kernel, args.runs)
+            got = alternate(run, args.runs)
             # a ratio above 1 is the kernel faster: ms a call (rule) or tok/s (decode)
             ratios = [(t / c if measure == "rule" else c / t) for t, c in zip(got["torch"], got["kernel"])]
             lines.append({"measure": measure, "batch": batch, "state_dtype": args.state_dtype,

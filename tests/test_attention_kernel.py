@@ -4,7 +4,6 @@ heads, strided cache views, masks that hide keys, chunks of several positions (a
 with one position at a time, its two scoring paths alike, any thread count, inside a compiled graph, and torch's
 call wherever the kernel does not apply."""
 
-import shutil
 import threading
 
 import pytest
@@ -13,17 +12,12 @@ import torch.nn.functional as F
 
 from bebop.model import attention_kernel
 from bebop.model.attention_kernel import cached_attention
-
-HAS_TOOLCHAIN = shutil.which("c++") is not None and shutil.which("ninja") is not None
+from native_helpers import built_or_skip
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    built = attention_kernel.cpu_kernel()
-    if built is None:
-        assert not HAS_TOOLCHAIN, "a compiler and ninja are here, yet the kernel did not build"
-        pytest.skip("no C++ compiler or ninja: torch's attention serves")
-    return built
+    return built_or_skip(attention_kernel.cpu_kernel)
 
 
 def _operands(b, hq, hkv, t, s, d, seed, spare=5):

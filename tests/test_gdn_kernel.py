@@ -2,7 +2,6 @@
 the same outputs and states on every width it dispatches on, a decode step and a verify that round alike, and a
 failed build that leaves the torch rule serving, with a warning."""
 
-import shutil
 import subprocess
 import sys
 
@@ -11,8 +10,7 @@ import torch
 
 from bebop.model import gdn_kernel
 from bebop.model.gated_deltanet import recurrent_rule
-
-HAS_TOOLCHAIN = shutil.which("c++") is not None and shutil.which("ninja") is not None
+from native_helpers import built_or_skip
 
 
 def _operands(b, h, t, dk, dv, seed):
@@ -27,21 +25,13 @@ def _operands(b, h, t, dk, dv, seed):
 
 
 def _torch_rule(*operands, out=None):
-    kernel = gdn_kernel._kernel
-    gdn_kernel._kernel = None  # the dispatch reads it: None runs the reference
-    try:
+    with gdn_kernel.cpu_kernel.disabled():
         return recurrent_rule(*operands, out=out)
-    finally:
-        gdn_kernel._kernel = kernel
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    built = gdn_kernel.cpu_kernel()
-    if built is None:
-        assert not HAS_TOOLCHAIN, "a compiler and ninja are here, yet the kernel did not build"
-        pytest.skip("no C++ compiler or ninja: the torch rule serves")
-    return built
+    return built_or_skip(gdn_kernel.cpu_kernel)
 
 
 # widths: the compile-time ones (64, 128, 256) and the run-time loop (8, 24); streaming stores where 16 divides Dv
@@ -124,12 +114,8 @@ def test_a_chunk_that_keeps_its_end_only_ends_where_every_position_does(kernel, 
     over_out, over_ends = recurrent_rule(*rest, over, over[None], every_position=False)
     assert over_ends.data_ptr() == over.data_ptr() and torch.equal(over, states[-1]) and torch.equal(over_out, out)
     ref_out, ref_states = _torch_rule(*rest, state)
-    kernel_ = gdn_kernel._kernel
-    gdn_kernel._kernel = None
-    try:
+    with gdn_kernel.cpu_kernel.disabled():
         torch_out, torch_ends = recurrent_rule(*rest, state.clone(), every_position=False)
-    finally:
-        gdn_kernel._kernel = kernel_
     assert torch.equal(torch_out, ref_out) and torch.equal(torch_ends[0], ref_states[-1])
     torch.testing.assert_close(ends.float(), ref_states[-1:].float(), rtol=2 ** -7 if dtype != torch.float32 else 1e-5,
                                atol=1e-4 if dtype != torch.float32 else 1e-6)

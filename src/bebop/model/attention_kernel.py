@@ -14,25 +14,13 @@ compiled graph calls too; bfloat16, a GPU, training and a machine without the na
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
 from bebop.model import native
 
-_kernel: Callable[..., None] | None = None
-_tried = False  # cpu_kernel's body runs once a process
-
-
-def cpu_kernel() -> Callable[..., None] | None:
-    """torch.ops.bebop_native.cached_attention once the native ops are loaded; None where they are off or unbuilt."""
-    global _kernel, _tried
-    if not _tried:
-        _tried = True
-        if native.load():
-            _kernel = torch.ops.bebop_native.cached_attention
-    return _kernel
+# torch.ops.bebop_native.cached_attention where the native ops are loaded (built on first use), else None
+cpu_kernel = native.Op("cached_attention")
 
 
 def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:

@@ -14,27 +14,14 @@ rule, which inductor fuses.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from bebop.model import native
 
 MAX_DV = 1024  # the kernel's scratch per value head (gdn_kernel.cpp's kMaxDv)
 
-_kernel: Callable[..., None] | None = None
-_tried = False  # cpu_kernel's body runs once a process
-
-
-def cpu_kernel() -> Callable[..., None] | None:
-    """torch.ops.bebop_native.gdn_recurrent once the native ops are loaded (native.load: built on first use); None
-    where they are off (BEBOP_NATIVE=0) or the build failed."""
-    global _kernel, _tried
-    if not _tried:
-        _tried = True
-        if native.load():
-            _kernel = torch.ops.bebop_native.gdn_recurrent
-    return _kernel
+# torch.ops.bebop_native.gdn_recurrent where the native ops are loaded (built on first use), else None
+cpu_kernel = native.Op("gdn_recurrent")
 
 
 def fits(q: torch.Tensor, v: torch.Tensor, state: torch.Tensor, *, given: bool) -> bool:

@@ -20,6 +20,8 @@ import os
 import platform
 import sys
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -106,6 +108,30 @@ def load() -> bool:
                       f"layers run the pure-torch rule and compiled matmuls call oneDNN through Python (set {ENV}=0 to "
                       "skip the build)", RuntimeWarning, stacklevel=2)
     return _loaded
+
+
+class Op:
+    """One of the library's ops as its Python callers ask for it: `op()` is torch.ops.bebop_native.<name> once the
+    ops are loaded (load: built on first use), None where they are off (BEBOP_NATIVE=0), the build failed, or `off`
+    is set (the tests and the A/B benchmarks: every caller then takes its torch path)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.off = False
+
+    def __call__(self) -> Callable[..., None] | None:
+        if self.off or not load():
+            return None
+        return getattr(torch.ops.bebop_native, self.name)
+
+    @contextmanager
+    def disabled(self) -> Iterator[None]:
+        """Inside, every caller takes its torch path (a test's reference, an A/B benchmark's other arm)."""
+        off, self.off = self.off, True
+        try:
+            yield
+        finally:
+            self.off = off
 
 
 def _writes_only(q, k, v, g, beta, state, states, out) -> None:

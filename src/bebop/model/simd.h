@@ -12,6 +12,14 @@
 #include <sleef.h>  // torch's vector exp (libtorch_cpu exports it)
 #endif
 
+#if defined(__AVX__)
+inline float sum8(__m256 x) {  // eight lanes' sum: halves, then quarters, then the last two
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
 #if defined(__AVX512F__)
 #define BEBOP_VEC 16
 using vec = __m512;
@@ -49,11 +57,8 @@ inline vec vhide(vec x, const bool* seen, float hidden) {  // x where seen (a ve
   return _mm512_mask_mov_ps(x, off, _mm512_set1_ps(hidden));
 }
 inline float vtop(vec x) { return _mm512_reduce_max_ps(x); }
-inline float vsum(vec x) {  // the lanes' sum, always in the same order
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+inline float vsum(vec x) {  // the lanes' sum, always in the same order: halves added, then as AVX2's
+  return sum8(_mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))));
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define BEBOP_VEC 8
@@ -94,11 +99,7 @@ inline float vtop(vec x) {  // the lanes' max
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
-inline float vsum(vec x) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
+inline float vsum(vec x) { return sum8(x); }
 #endif
 
 #ifdef BEBOP_VEC
