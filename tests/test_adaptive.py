@@ -228,7 +228,7 @@ def test_every_decode_step_but_the_first_is_measured_and_the_prefill_is_not(spec
     steps = sum(sum(c.values()) for c in _.k_histogram.values())
     # the prompt is prefilled before the first step (engine/prefill.py); every step is a decode step, the first
     # drafting one too (its refresh covers the one position decoded since); the run's first step carries one-time
-    # work (fresh cache pages) and is not
+    # work and is not
     assert steps == 5 and policy.calls == steps - 1
 
 

@@ -198,7 +198,6 @@ class _SpeculativeRun:
         self.mtp_cache = None if drafter == "suffix" else model.require_mtp().new_cache(
             len(prompts), 2 * capacity + self.max_k, dtype=model.dtype, device=model.device)
         self.log = RefreshLog(len(prompts))
-        self.stepped = False  # a decode step ran (the first after the prefill is not measured)
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
         self.metrics = SpecMetrics(self.max_k, draft_log=[] if log_drafts else None)
         self._leave_finished()
@@ -249,8 +248,8 @@ class _SpeculativeRun:
         whole_runs = self._emit(k, pending, drafting, host, hidden)
         # a step that compiled a graph is warm-up; so is the run's first decode step, which carries one-time work and
         # ran slower than the rest (docs/benchmarks.md): counted, it priced plain steps for the whole run
-        typical = typical and compile_seconds(self.model) == compiling and self.stepped
-        self.stepped = True
+        first = not self.metrics.k_histogram  # no step recorded yet
+        typical = typical and compile_seconds(self.model) == compiling and not first
         if self.controller and typical:  # a decode step with no catch-up: its time fits the cost model
             asked = [d or (self.drafter == "suffix" and len(fed) == 1) for d, fed in zip(drafting, pending)]
             self.controller.observe(generating, k, time.perf_counter() - t0,  # a row the text had nothing for: 0
