@@ -2,9 +2,12 @@
 rows (KV, a hybrid's conv and recurrent states, the head's cache) are copied into every row that shares it,
 and the next step's logits equal those of each row prefilled on its own (float32, to rounding)."""
 
+import copy
+
 import pytest
 import torch
 
+from bebop.engine import compiled
 from bebop.engine.prefill import MAX_BUCKET_TOKENS, PAD_SHARE, buckets, prefill
 from qwen35_helpers import headed_hybrid
 
@@ -24,16 +27,17 @@ def hybrid(tmp_path_factory):
     return headed_hybrid(tmp_path_factory.mktemp("qwen35_prefill"))
 
 
-def _prefill_rows(model, prompts):
-    """Prefill into fresh caches, counting the rows of every trunk forward; then feed each row its last
-    prompt token and return (that step's logits (B, V), rows per prefill forward, the head's cache)."""
+def _prefill_rows(model, prompts, steps=None):
+    """Prefill into fresh caches (the trunk's forward `steps'`), counting the rows of every eager trunk forward; then
+    feed each row its last prompt token and return (that step's logits (B, V), rows per prefill forward, the head's
+    cache)."""
     cache = model.new_cache(len(prompts), 64)
     head = model.require_mtp().new_cache(len(prompts), 64, dtype=model.dtype, device=model.device)
     rows = []
     handle = model.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[0]))
     try:
         with torch.no_grad():
-            lengths = prefill(model, prompts, cache, mtp_cache=head)
+            lengths = prefill(model, prompts, cache, mtp_cache=head, steps=steps)
     finally:
         handle.remove()
     assert lengths == [len(p) - 1 for p in prompts]
@@ -81,6 +85,25 @@ def test_group_prefill_fills_the_heads_cache_as_each_row_alone(spec_model):
         n = len(prompt) - 1
         for mine, theirs in zip(head.k + head.v, alone.k + alone.v):
             assert torch.allclose(mine[b, :, :n], theirs[0, :, :n], atol=1e-5), b
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_a_compiled_prefill_equals_the_eager_one(spec_model, hybrid, kind):
+    """With compiled steps a dense trunk's prefill runs the graph of plain decoding's chunks, one call a length
+    bucket (a hybrid's stays eager: its graphs are one per chunk length); the next step's logits and the head's
+    cache equal an eager prefill's (float32, to rounding)."""
+    model = copy.deepcopy(spec_model if kind == "dense" else hybrid)
+    prompts, distinct = _grpo_batch()
+    ref, _, ref_head = _prefill_rows(model, prompts)
+    assert compiled.compile_steps(model, "on")
+    steps = compiled.prepared_steps(model)
+    logits, _, head = _prefill_rows(model, prompts, steps)
+    forwards = len(buckets(sorted((len(p) - 1 for p in distinct if len(p) > 1), reverse=True)))
+    assert steps.failed is None
+    assert steps.calls["trunk"] == (forwards if kind == "dense" else 0)
+    assert torch.allclose(logits, ref, atol=1e-4)
+    for mine, theirs in zip(head.k + head.v, ref_head.k + ref_head.v):
+        assert torch.allclose(mine, theirs, atol=1e-4)
 
 
 def test_buckets_bound_padding_and_size():

@@ -11,7 +11,8 @@ not compiled until compile_steps says so), read once per engine call, not per fo
 
 What compiles, each as one graph (torch.compile's fullgraph) over bebop.model.static_cache's view of the
 preallocated KV cache (views of its used span, written in place), so a graph depends on no host state:
-- plain decoding: the trunk forward over a chunk of at most MAX_COMPILED_CHUNK tokens;
+- the trunk forward over a chunk: plain decoding's step and a prefill (engine/prefill.py), one graph for every
+  chunk length from 2 up (a hybrid trunk: chunks of at most MAX_COMPILED_CHUNK tokens, its graphs one per length);
 - a speculative step drafting with the head, whole (engine/spec_step.py's speculative_step): the head's
   refresh over the positions pending for it (its width dynamic), each drafting forward after it with its
   warp and draw, and the verify (the trunk forward over k + 1 tokens, the warps, the plain draw, the RS /
@@ -30,9 +31,9 @@ same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticVie
 Gated DeltaNet states after each position, comes back from the graph, and the host selects each row's); its
 recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it; the graph writes the
 states into storage the cache keeps (LinearStates.stagings, passed in), on a CPU with gdn_kernel's C++ kernel. What
-stays eager (the same functions, uncompiled): a
-prefill, a verbs' catch-up refresh wider than MAX_COMPILED_CHUNK, a step that feeds an observation, a hybrid
-cache's rollback and its selection of the states after a chunk.
+stays eager (the same functions, uncompiled): a hybrid's prefill, the head's part of a prefill, a verbs' catch-up
+refresh wider than MAX_COMPILED_CHUNK, a speculative step that feeds an observation, a hybrid cache's rollback and its
+selection of the states after a chunk.
 
 Each graph is compiled ahead of time and saved (engine/step_packages.py: a store keyed by the model's kind,
 bebop's source and torch's version): its first compile costs tens of seconds on a small CPU, a later process
@@ -68,7 +69,7 @@ from bebop.model.static_cache import HybridStaticView, StaticView, same_rows
 from bebop.sampling import SamplingParams
 
 COMPILE_CHOICES = ("auto", "on", "off")
-MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; longer chunks (prefills) run eager
+MAX_COMPILED_CHUNK = 9  # a verify over MAX_K + 1 tokens; a hybrid's longer chunks (its prefills) run eager
 PAYS_AFTER_STEPS = 20_000  # `auto`: decode steps that pay for cold compiles (docs/benchmarks.md)
 LOADS_PAY_AFTER_STEPS = 500  # `auto`: decode steps that pay for loading saved graphs (docs/benchmarks.md)
 
@@ -234,9 +235,12 @@ class CompiledSteps(EagerSteps):
         self.engine_call = next(_CALLS)  # the engine call these steps serve (prepared_steps): see run's trust
 
     def forward(self, model: CausalLM, ids: torch.Tensor, cache: KVCache, counts: torch.Tensor) -> torch.Tensor:
-        """Compiled for a chunk of at most MAX_COMPILED_CHUNK tokens (a longer one, a prefill, runs eager)."""
+        """Compiled for a chunk of any length, a prefill's too (one graph for every length from 2 up). A hybrid's
+        graphs are one per chunk length: its chunks of more than MAX_COMPILED_CHUNK tokens and its prefills (into a
+        scratch cache that keeps no per-position states) run eager."""
         eager = lambda: super(CompiledSteps, self).forward(model, ids, cache, counts)  # noqa: E731
-        if self.failed or ids.shape[1] > MAX_COMPILED_CHUNK:
+        hybrid_eager = isinstance(cache, HybridCache) and (ids.shape[1] > MAX_COMPILED_CHUNK or not cache.linear.snapshots)
+        if self.failed or hybrid_eager:
             return eager()
         return self.run("trunk", eager, model, cache, ids.shape[1], ids, counts, dynamic_chunk=True)
 

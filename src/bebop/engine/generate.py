@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bebop.engine.compiled import prepared_steps
+from bebop.engine.compiled import EagerSteps, prepared_steps
 from bebop.engine.prefill import prefill
 from bebop.engine.records import Generation
 from bebop.engine.rows import Observer, RowBook
@@ -94,8 +94,8 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
                                                        slack=max_observation_tokens + 1))
     live, lengths = _leave_finished(book, list(range(len(prompts))), [0] * len(prompts), cache)
     # live: prompt index of each cache row; lengths: host copy of cache.lengths, exact
-    lengths = prefill_prompts(model, book, live, cache, pad_id=pad_id)
     steps = prepared_steps(model)  # the step's forward: compiled when compile_steps compiled the model
+    lengths = prefill_prompts(model, book, live, cache, pad_id=pad_id, steps=steps)
     while live:
         pending = [book.pending[row] for row in live]
         ids, counts = pad_chunk(pending, pad_id, model.device)  # (R, T), (R,)
@@ -114,13 +114,14 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
     return book.rows
 
 
-def prefill_prompts(model: CausalLM, book: RowBook, live: list[int], cache, *, mtp_cache=None,
+def prefill_prompts(model: CausalLM, book: RowBook, live: list[int], cache, *, steps: EagerSteps, mtp_cache=None,
                     pad_id: int = 0) -> list[int]:
-    """Prefill the live rows' prompts but their last tokens (engine/prefill.py), which stay pending for the
-    first step; -> each cache row's length."""
+    """Prefill the live rows' prompts but their last tokens (engine/prefill.py; the trunk's forward `steps`'), which
+    stay pending for the first step; -> each cache row's length."""
     if not live:
         return []
-    lengths = prefill(model, [book.pending[row] for row in live], cache, mtp_cache=mtp_cache, pad_id=pad_id)
+    lengths = prefill(model, [book.pending[row] for row in live], cache, mtp_cache=mtp_cache, pad_id=pad_id,
+                      steps=steps)
     for row, n in zip(live, lengths):
         book.pending[row] = book.pending[row][n:]
     return lengths

@@ -201,8 +201,8 @@ class _SpeculativeRun:
         self.trunk_len, self.mtp_len = [0] * len(prompts), [0] * len(prompts)
         self.metrics = SpecMetrics(self.max_k, draft_log=[] if log_drafts else None)
         self._leave_finished()
-        self.trunk_len = prefill_prompts(model, self.book, self.live, self.cache, mtp_cache=self.mtp_cache,
-                                         pad_id=pad_id)
+        self.trunk_len = prefill_prompts(model, self.book, self.live, self.cache, steps=self.steps,
+                                         mtp_cache=self.mtp_cache, pad_id=pad_id)
         self.mtp_len = list(self.trunk_len)
 
     def choose_k(self, can_draft: list[bool], generating: int) -> int:
