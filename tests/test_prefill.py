@@ -27,7 +27,7 @@ def hybrid(tmp_path_factory):
     return headed_hybrid(tmp_path_factory.mktemp("qwen35_prefill"))
 
 
-def _prefill_rows(model, prompts, steps=None):
+def _prefill_rows(model, prompts, steps=compiled.EAGER):
     """Prefill into fresh caches (the trunk's forward `steps'`), counting the rows of every eager trunk forward; then
     feed each row its last prompt token and return (that step's logits (B, V), rows per prefill forward, the head's
     cache)."""
@@ -89,18 +89,20 @@ def test_group_prefill_fills_the_heads_cache_as_each_row_alone(spec_model):
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_a_compiled_prefill_equals_the_eager_one(spec_model, hybrid, kind):
-    """With compiled steps a dense trunk's prefill runs the graph of plain decoding's chunks, one call a length
-    bucket (a hybrid's stays eager: its graphs are one per chunk length); the next step's logits and the head's
-    cache equal an eager prefill's (float32, to rounding)."""
+    """With compiled steps a dense trunk's prefill runs the graph of its chunks, one call a length bucket (a hybrid's
+    stays eager: its graphs are one per chunk length), and the head's part its own graph; the next step's logits and
+    the head's cache equal an eager prefill's (float32, to rounding)."""
     model = copy.deepcopy(spec_model if kind == "dense" else hybrid)
     prompts, distinct = _grpo_batch()
     ref, _, ref_head = _prefill_rows(model, prompts)
     assert compiled.compile_steps(model, "on")
     steps = compiled.prepared_steps(model)
     logits, _, head = _prefill_rows(model, prompts, steps)
-    forwards = len(buckets(sorted((len(p) - 1 for p in distinct if len(p) > 1), reverse=True)))
+    widths = sorted((len(p) - 1 for p in distinct if len(p) > 1), reverse=True)
+    forwards = len(buckets(widths))
+    assert forwards > 1 and min(widths) > 1  # several forwards, each wide enough for the head's graph
     assert steps.failed is None
-    assert steps.calls["trunk"] == (forwards if kind == "dense" else 0)
+    assert (steps.calls["trunk"], steps.calls["head"]) == (forwards if kind == "dense" else 0, forwards)
     assert torch.allclose(logits, ref, atol=1e-4)
     for mine, theirs in zip(head.k + head.v, ref_head.k + ref_head.v):
         assert torch.allclose(mine, theirs, atol=1e-4)

@@ -13,6 +13,7 @@ What compiles, each as one graph (torch.compile's fullgraph) over bebop.model.st
 preallocated KV cache (views of its used span, written in place), so a graph depends on no host state:
 - the trunk forward over a chunk: plain decoding's step and a prefill (engine/prefill.py), one graph for every
   chunk length from 2 up (a hybrid trunk: chunks of at most MAX_COMPILED_CHUNK tokens, its graphs one per length);
+- the head's forward over a prefill's positions (spec_step.head_forward), its width dynamic;
 - a speculative step drafting with the head, whole (engine/spec_step.py's speculative_step): the head's
   refresh over the positions pending for it (its width dynamic), each drafting forward after it with its
   warp and draw, and the verify (the trunk forward over k + 1 tokens, the warps, the plain draw, the RS /
@@ -31,7 +32,7 @@ same shape reuse them. A hybrid trunk compiles too (static_cache.HybridStaticVie
 Gated DeltaNet states after each position, comes back from the graph, and the host selects each row's); its
 recurrence runs token by token, so its graphs are one per chunk length (k), not dynamic in it; the graph writes the
 states into storage the cache keeps (LinearStates.stagings, passed in), on a CPU with gdn_kernel's C++ kernel. What
-stays eager (the same functions, uncompiled): a hybrid's prefill, the head's part of a prefill, a verbs' catch-up
+stays eager (the same functions, uncompiled): a hybrid's prefill, a verbs' catch-up
 refresh wider than MAX_COMPILED_CHUNK, a speculative step that feeds an observation, a hybrid cache's rollback and its
 selection of the states after a chunk.
 
@@ -57,7 +58,7 @@ from typing import Any
 
 import torch
 
-from bebop.engine.spec_step import draft_chain, draft_next, draft_refresh, speculative_step, verify
+from bebop.engine.spec_step import draft_chain, draft_next, draft_refresh, head_forward, speculative_step, verify
 from bebop.engine.step_packages import CompileFailed, Dynamic, has_packages, one_line, packaged
 from bebop.errors import BebopError
 from bebop.model.hybrid_cache import HybridCache
@@ -140,6 +141,11 @@ class EagerSteps:
         """model(ids, cache, counts): ids (B, T), counts (B,) -> hidden (B, T, H)."""
         return model(ids, cache, counts)
 
+    def head_forward(self, model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                     ref_count: torch.Tensor) -> torch.Tensor:
+        """spec_step.head_forward: the head over a prefill's positions (R, W, H)."""
+        return head_forward(model, head_cache, ref_hidden, ref_tokens, ref_count)
+
     def draft_refresh(self, model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
                       ref_count: torch.Tensor, draws: torch.Tensor, *, mode: str, sampling: SamplingParams):
         return draft_refresh(model, head_cache, ref_hidden, ref_tokens, ref_count, draws, mode=mode, sampling=sampling)
@@ -189,6 +195,12 @@ def _trunk(model: CausalLM, k, v, lengths, rope, linear, ids: torch.Tensor, coun
     return model(ids, view, counts), _staged(view)
 
 
+def _head(model: CausalLM, k, v, lengths, rope, linear, *tensors):
+    view = _view(k, v, lengths, rope, linear)
+    same_rows(lengths, list(tensors))
+    return head_forward(model, view, *tensors), None
+
+
 def _refresh(model: CausalLM, k, v, lengths, rope, linear, *args):
     *tensors, mode, sampling = args
     view = _view(k, v, lengths, rope, linear)
@@ -224,10 +236,11 @@ class CompiledSteps(EagerSteps):
 
     def __init__(self, model: CausalLM) -> None:
         self.graphs = {name: packaged(fn, model) for name, fn in
-                       (("trunk", _trunk), ("refresh", _refresh), ("draft", _draft), ("verify", _verify),
-                                   ("step", _step))}
+                       (("trunk", _trunk), ("head", _head), ("refresh", _refresh), ("draft", _draft),
+                                   ("verify", _verify), ("step", _step))}
         self.failed: str | None = None
-        self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding), "refresh",
+        self.calls: Counter[str] = Counter()  # calls that ran compiled: "trunk" (plain decoding, a prefill), "head" (a
+        # prefill's head part), "refresh",
         # "draft" (one drafting forward), "verify", "step" (a whole speculative step)
         self.compile_s = 0.0  # seconds these steps spent compiling a graph or loading one (the warm-up)
         self.compile_new = True  # compile a graph no package holds (else that step runs eagerly)
@@ -243,6 +256,16 @@ class CompiledSteps(EagerSteps):
         if self.failed or hybrid_eager:
             return eager()
         return self.run("trunk", eager, model, cache, ids.shape[1], ids, counts, dynamic_chunk=True)
+
+    def head_forward(self, model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                     ref_count: torch.Tensor) -> torch.Tensor:
+        """One graph for every width from 2 up (a prefill's); width 1 runs eager."""
+        eager = lambda: super(CompiledSteps, self).head_forward(  # noqa: E731
+            model, head_cache, ref_hidden, ref_tokens, ref_count)
+        if self.failed or ref_hidden.shape[1] < 2:
+            return eager()
+        return self.run("head", eager, model, head_cache, ref_hidden.shape[1], ref_hidden, ref_tokens, ref_count,
+                        dynamic_chunk=True)
 
     def draft_refresh(self, model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
                       ref_count: torch.Tensor, draws: torch.Tensor, *, mode: str, sampling: SamplingParams):

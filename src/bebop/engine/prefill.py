@@ -18,9 +18,9 @@ random draws of a run are those of feeding the whole prompt in its first step. W
 head is refreshed over the same positions (the depth-1 input at position s is (h_s, x_{s+1}): both in
 the prompt), so the first drafting step refreshes only the positions decoded since.
 
-With `steps` (engine/compiled.py: the engine call's step functions) the trunk's forward is theirs: with
-`--compile` a prefill runs the graph of plain decoding's chunks (one for every width and batch), whose fused
-kernels cost a fraction of an eager forward's op-by-op calls (docs/benchmarks.md); the head's part stays eager.
+The forwards are `steps`' (engine/compiled.py: the engine call's step functions, eager by default): with
+`--compile` a prefill runs the graph of the trunk's chunks (one for every width and batch) and the head's own,
+whose fused kernels cost a fraction of an eager forward's op-by-op calls (docs/benchmarks.md).
 
 The rows' logits equal those of a per-row prefill up to float rounding (a row's own positions only are
 attended; tests/test_prefill.py). Returns each row's prefilled length (B,) as host ints.
@@ -29,21 +29,18 @@ attended; tests/test_prefill.py). Returns each row's prefilled length (B,) as ho
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from bebop.engine.compiled import EAGER, EagerSteps
 from bebop.model.host_tensor import pad_chunk
 from bebop.model.kv_cache import KVCache
 from bebop.model.qwen3 import CausalLM
-
-if TYPE_CHECKING:
-    from bebop.engine.compiled import EagerSteps
 
 PAD_SHARE = 0.25  # a bucket grows while its padding stays under this share of its tokens
 MAX_BUCKET_TOKENS = 16_384  # rows x width of one prefill forward (bounds its activations)
 
 
 def prefill(model: CausalLM, prompts: Sequence[Sequence[int]], cache: KVCache, *,
-            mtp_cache: KVCache | None = None, pad_id: int = 0, steps: EagerSteps | None = None) -> list[int]:
+            mtp_cache: KVCache | None = None, pad_id: int = 0, steps: EagerSteps = EAGER) -> list[int]:
     """Write prompts[b][:-1] into row b of `cache` (and of `mtp_cache`), each distinct prompt computed once;
     the caches must be empty and have len(prompts) rows. -> prefilled length of each row."""
     assert cache.batch_size == len(prompts) and cache.span == 0, (cache.batch_size, len(prompts), cache.span)
@@ -60,14 +57,14 @@ def prefill(model: CausalLM, prompts: Sequence[Sequence[int]], cache: KVCache, *
         width = len(rows[0]) - 1
         ids, counts = pad_chunk([r[:-1] for r in rows], pad_id, model.device, width)  # (D, W) the prefixes, (D,)
         scratch = model.new_cache(len(rows), width, rollback=False)  # its rows are copied, never rolled back
-        hidden = model(ids, scratch, counts) if steps is None else steps.forward(model, ids, scratch, counts)  # (D, W, H)
+        hidden = steps.forward(model, ids, scratch, counts)  # (D, W, H)
         targets = [b for b, p in enumerate(keys) if len(p) > 1 and where[p] in bucket]
         sources = [bucket.index(where[keys[b]]) for b in targets]
         cache.copy_rows(scratch, sources, targets, width)
         if mtp_cache is not None:  # the head's depth-1 input at s is (h_s, x_{s+1}): x_{s+1} is in the prompt
             nexts, _ = pad_chunk([r[1:] for r in rows], pad_id, model.device, width)  # (D, W)
             head_scratch = model.require_mtp().new_cache(len(rows), width, dtype=model.dtype, device=model.device)
-            model.require_mtp()(hidden, model.embed(nexts), 1, head_scratch, counts)
+            steps.head_forward(model, head_scratch, hidden, nexts, counts)
             mtp_cache.copy_rows(head_scratch, sources, targets, width)
     return lengths
 

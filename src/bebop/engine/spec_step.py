@@ -60,11 +60,17 @@ def draft_refresh(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor
 
     ref_hidden (R, W, H), ref_tokens (R, W), ref_count (R,) >= 1 (left-aligned), draws (R,) -> the depth-1 output
     hidden (R, H), draft (R,) int64, its distribution q_1 (R, V) float32."""
-    mtp = model.require_mtp()
     rows = ref_hidden.shape[0]
-    out = mtp(ref_hidden, model.embed(ref_tokens), 1, head_cache, ref_count)  # (R, W, H)
+    out = head_forward(model, head_cache, ref_hidden, ref_tokens, ref_count)  # (R, W, H)
     hidden = out[torch.arange(rows, device=out.device), (ref_count - 1).clamp_min(0)]  # (R, H)
     return _draft_from(model, hidden, draws, mode, sampling)
+
+
+def head_forward(model: CausalLM, head_cache: KVCache, ref_hidden: torch.Tensor, ref_tokens: torch.Tensor,
+                 ref_count: torch.Tensor) -> torch.Tensor:
+    """The head's depth-1 forward over each row's first ref_count positions, written into `head_cache`: its input
+    at position s is (the trunk's h_s, the token x_{s+1}). ref_hidden (R, W, H), ref_tokens (R, W) -> (R, W, H)."""
+    return model.require_mtp()(ref_hidden, model.embed(ref_tokens), 1, head_cache, ref_count)
 
 
 def draft_next(model: CausalLM, head_cache: KVCache, hidden: torch.Tensor, token: torch.Tensor, draws: torch.Tensor,
