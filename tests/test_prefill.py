@@ -28,9 +28,9 @@ def hybrid(tmp_path_factory):
 
 
 def _prefill_rows(model, prompts, steps=compiled.EAGER):
-    """Prefill into fresh caches (the trunk's forward `steps'`), counting the rows of every eager trunk forward; then
-    feed each row its last prompt token and return (that step's logits (B, V), rows per prefill forward, the head's
-    cache)."""
+    """Prefill into fresh caches through the step functions `steps`, counting the rows of every trunk forward the
+    model's own call runs; then feed each row its last prompt token and return (that step's logits (B, V), rows per
+    prefill forward, the head's cache)."""
     cache = model.new_cache(len(prompts), 64)
     head = model.require_mtp().new_cache(len(prompts), 64, dtype=model.dtype, device=model.device)
     rows = []

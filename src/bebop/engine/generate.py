@@ -116,8 +116,8 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], *, max_new_token
 
 def prefill_prompts(model: CausalLM, book: RowBook, live: list[int], cache, *, steps: EagerSteps, mtp_cache=None,
                     pad_id: int = 0) -> list[int]:
-    """Prefill the live rows' prompts but their last tokens (engine/prefill.py; the trunk's forward `steps`'), which
-    stay pending for the first step; -> each cache row's length."""
+    """Prefill the live rows' prompts but their last tokens (engine/prefill.py, through the engine call's step
+    functions `steps`), which stay pending for the first step; -> each cache row's length."""
     if not live:
         return []
     lengths = prefill(model, [book.pending[row] for row in live], cache, mtp_cache=mtp_cache, pad_id=pad_id,
