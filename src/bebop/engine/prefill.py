@@ -2,7 +2,7 @@
 
     lengths = prefill(model, prompts, cache)                       # plain decoding
     lengths = prefill(model, prompts, cache, mtp_cache=head_cache)  # speculative: the head's cache too
-    lengths = prefill(model, prompts, cache, steps=prepared_steps(model))  # the trunk's forward compiled
+    lengths = prefill(model, prompts, cache, steps=prepared_steps(model))  # the engine call's (compiled) forwards
 
 A GRPO batch is `batch_prompts` prompts each repeated `group_size` times, so most rows of a rollout
 share their prompt with others. Prefilling each row would run the same forward group_size times
