@@ -30,6 +30,7 @@ from torch import nn
 
 from bebop.distributed.world import World
 from bebop.errors import BebopError
+from bebop.model.packing import Packing
 from bebop.model.qwen3 import CausalLM
 
 PARALLEL = ("fsdp", "ddp")
@@ -38,14 +39,16 @@ T = TypeVar("T")
 
 class Logits(nn.Module):
     """The training forward of sft and the RL update as one module (what DDP and FSDP2 wrap): ids (B, T) ->
-    logits (B, T, V) float32."""
+    logits (B, T, V) float32; with a packing (model/packing.py), its (1, N) ids -> the logits of its outputs
+    (M, V), each row's predictions."""
 
     def __init__(self, model: CausalLM) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.logits(self.model(ids))
+    def forward(self, ids: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        hidden = self.model(ids, packing=packing)  # (B, T, H)
+        return self.model.logits(hidden if packing is None else hidden[0, packing.outputs])
 
 
 def check_parallel(mode: str) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from bebop.model.kv_cache import KVCache
+from bebop.model.packing import Packing
 
 
 @dataclass
@@ -19,3 +20,4 @@ class AttentionContext:
     mask: torch.Tensor | None  # (B, 1, T, S) bool, True = attend; None = plain causal, no cache
     cache: KVCache | None  # a HybridCache (model/hybrid_cache.py) also holds the linear layers' states
     num_new: torch.Tensor | None = None  # (B,) tokens each row keeps of the chunk (None: all)
+    packing: Packing | None = None  # a packed training sequence (B = 1): attention per segment (model/packing.py)

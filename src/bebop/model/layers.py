@@ -19,6 +19,7 @@ from bebop.model.context import AttentionContext
 from bebop.model.gated_deltanet import GatedDeltaNet
 from bebop.model.kv_cache import KVCache
 from bebop.model.packed_linear import PackedLinear
+from bebop.model.packing import packed_attention
 from bebop.model.rope import apply_rope, rope_cos_sin
 
 
@@ -89,7 +90,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         q, k, v, gate = self.project(x, ctx.cos, ctx.sin)
-        if ctx.cache is None:
+        if ctx.packing is not None:
+            out = packed_attention(q, k, v, ctx.packing)  # (1, Hq, N, Dh)
+        elif ctx.cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             k, v = ctx.cache.write(self.layer_idx, ctx.positions, k, v)  # (B, Hkv, S, Dh)

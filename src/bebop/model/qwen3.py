@@ -24,6 +24,7 @@ from bebop.model.kv_cache import KVCache
 from bebop.model.layers import RMSNorm, attention_context, trunk_layers
 from bebop.model.mtp import MTP_PREFIX, MTPHead
 from bebop.model.packed_linear import PackedLinear
+from bebop.model.packing import Packing
 from bebop.model.weight_files import StoredLayout
 
 
@@ -149,12 +150,15 @@ class CausalLM(nn.Module):
                        capacity, dtype=self.dtype, device=self.device)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
-                num_new: torch.Tensor | None = None) -> torch.Tensor:
+                num_new: torch.Tensor | None = None, packing: Packing | None = None) -> torch.Tensor:
         """input_ids (B, T) -> hidden (B, T, H) after the final norm.
 
-        With a cache, row b appends its first num_new[b] tokens (default: all T)."""
+        With a cache, row b appends its first num_new[b] tokens (default: all T). With a packing (no cache;
+        model/packing.py), input_ids is its (1, N) sequence of rows that share prompts."""
         b, t = input_ids.shape
-        if cache is None:
+        if packing is not None:
+            positions = self._packed_positions(input_ids, cache, packing)  # (1, N)
+        elif cache is None:
             positions = torch.arange(t, device=input_ids.device).expand(b, t)  # (B, T)
             if t > self.config.max_position_embeddings:
                 raise BebopError(f"sequence of {t} tokens exceeds the context ({self.config.max_position_embeddings})")
@@ -164,6 +168,7 @@ class CausalLM(nn.Module):
             positions = cache.positions(t)  # (B, T)
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
         ctx = attention_context(positions, cache, self.config.rotary_dim, self.config.rope_theta, x.dtype)
+        ctx.packing = packing
         if cache is not None:
             if num_new is None:
                 num_new = torch.full((b,), t, dtype=torch.long, device=input_ids.device)
@@ -174,6 +179,17 @@ class CausalLM(nn.Module):
             assert num_new is not None
             cache.advance(num_new, t)
         return self.model.norm(x)
+
+    def _packed_positions(self, input_ids: torch.Tensor, cache: KVCache | None, packing: Packing) -> torch.Tensor:
+        """The packing's positions (1, N), once the call is one it can serve."""
+        if cache is not None or self.config.linear_layers:
+            raise BebopError("a packed forward runs without a cache, on a trunk of attention layers only")
+        if input_ids.shape != packing.ids.shape:
+            raise BebopError(f"input ids {tuple(input_ids.shape)} are not the packing's {tuple(packing.ids.shape)}")
+        if int(packing.positions.max()) >= self.config.max_position_embeddings:
+            raise BebopError(f"a packed row of {int(packing.positions.max()) + 1} tokens exceeds the context "
+                             f"({self.config.max_position_embeddings})")
+        return packing.positions
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (..., H) after the final norm -> logits (..., V) in float32."""

@@ -17,10 +17,12 @@ resumed run reshuffles exactly as the uninterrupted one; advantages are computed
 batch first (groups stay whole for the baseline). Each mini-batch's loss is its token-level mean.
 
 Each optimizer step runs its forward and backward `micro_batch_size` rows at a time (0: all at once),
-rows sorted by length and each micro-batch cut to its own longest row, gradients accumulated with
-each micro-batch's token mean weighted by its share of the step's tokens: the same gradient as one
-padded forward, in memory bounded by the micro-batch (a real vocabulary's (B, T, V) logits need it),
-and without padding the short rows to the long tail's length.
+gradients accumulated with each micro-batch's token mean weighted by its share of the step's tokens:
+the same gradient as one padded forward, in memory bounded by the micro-batch (a real vocabulary's
+logits need it). A trunk of attention layers runs each micro-batch packed (TrainBatch.packed,
+model/packing.py): a group's rows share a micro-batch, their prompt runs once, and no row is padded
+(a GRPO batch's prompts are often half its tokens). A hybrid's micro-batches are padded: rows sorted
+by length, each micro-batch cut to its own longest row.
 
 The optimizer holds the trunk only: `mtp.*` parameters are excluded (the head changes only
 through an online MTP strategy, with its own optimizer). With kl_coef > 0 a frozen copy of the
@@ -74,14 +76,24 @@ def frozen_reference(model: CausalLM) -> CausalLM:
 
 
 def logprobs_of(model: CausalLM, batch: TrainBatch, sampling: SamplingParams, dtype: str = "float32",
-                entropy_grad: bool = False, forward: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (log-probs (B, T-1) of ids[:, 1:], entropy (B, T-1)) under the sampler's warping; the forward (`forward`:
-    the learner's wrapped Logits; default the model's own) runs in the training precision `dtype`
-    (bebop.precision), the log-softmax on model.logits' float32. The entropy carries gradient only with
-    `entropy_grad` (see token_logprobs)."""
+                entropy_grad: bool = False, forward: torch.nn.Module | None = None,
+                packed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (log-probs (B, T-1) of ids[:, 1:], entropy (B, T-1)) under the sampler's warping, 0 in the columns
+    before each prompt's last token; the forward (`forward`: the learner's wrapped Logits; default the model's
+    own) runs in the training precision `dtype` (bebop.precision), the log-softmax on model.logits' float32.
+    The entropy carries gradient only with `entropy_grad` (see token_logprobs). `packed`: the rows packed
+    (TrainBatch.packed: each distinct prompt once, no padding) where the trunk is attention only, else padded."""
+    rows = batch.packed() if packed and not model.config.linear_layers else None
+    forward = forward or Logits(model)
     with train_autocast(model.device, dtype):
-        logits = (forward or Logits(model))(batch.ids)  # (B, T, V) float32
-    return token_logprobs(logits[:, :-1], batch.ids[:, 1:], sampling, entropy_grad)
+        if rows is None:
+            logits, targets = forward(batch.ids)[:, :-1], batch.ids[:, 1:]  # (B, T-1, V) float32, (B, T-1)
+        else:
+            logits, targets = forward(rows.packing.ids, rows.packing), rows.targets  # (M, V) float32, (M,)
+    picked, entropy = token_logprobs(logits, targets, sampling, entropy_grad)
+    if rows is None:
+        return picked, entropy
+    return rows.unpack(picked), rows.unpack(entropy)
 
 
 def mini_batch_rows(rows: int, mini_batches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -89,13 +101,17 @@ def mini_batch_rows(rows: int, mini_batches: int, generator: torch.Generator) ->
     return list(torch.randperm(rows, generator=generator).tensor_split(mini_batches))
 
 
-def micro_batch_rows(batch: TrainBatch, size: int) -> list[torch.Tensor]:
+def micro_batch_rows(batch: TrainBatch, size: int, by_prompt: bool = False) -> list[torch.Tensor]:
     """The batch's rows in micro-batches of at most `size` (0: all in one), by width: the long tail's few long
-    rows share micro-batches, and the short ones are not padded to their length."""
+    rows share micro-batches, and the short ones are not padded to their length. `by_prompt` (a packed
+    update): a prompt's rows together, by width within it, so that a micro-batch runs its prompt once."""
     rows = batch.ids.shape[0]
     if size <= 0 or size >= rows:
         return [torch.arange(rows, device=batch.ids.device)]
-    return list(torch.argsort(batch.widths, stable=True).split(size))
+    order = torch.argsort(batch.widths, stable=True)  # (B,)
+    if by_prompt:
+        order = order[torch.argsort(batch.prompts[order], stable=True)]
+    return list(order.split(size))
 
 
 @dataclass
@@ -165,7 +181,8 @@ class PolicyTrainer:
         """Each micro-batch of `batch`: its rows, those rows trimmed, and their log-probs and entropy (b, w)
         (the entropy with gradient when `entropy_grad`: the loss's entropy bonus). Each is yielded inside the
         learner's gradient-sync context (reduced across ranks after the last micro-batch's backward)."""
-        for _, rows in self.par.chunks(micro_batch_rows(batch, self.cfg.micro_batch_size)):
+        packed = not self.policy.model.config.linear_layers  # logprobs_of packs these rows
+        for _, rows in self.par.chunks(micro_batch_rows(batch, self.cfg.micro_batch_size, by_prompt=packed)):
             part = batch.rows(rows).trimmed()
             yield (rows, part, *self._logprobs(self.policy.model, part, entropy_grad))
 
