@@ -1,13 +1,11 @@
 """The packed training forward: rows that share prompts in one sequence, each prompt once, no padding. Its
 logits are each row's own forward's, and the update it gives is the padded update's (float32, to rounding)."""
 
-import functools
 import random
 
 import pytest
 import torch
 
-import bebop.rl.trainer as trainer_module
 from bebop.distributed.parallel import Logits
 from bebop.errors import BebopError
 from bebop.model import load_model
@@ -80,13 +78,13 @@ def test_packed_logprobs_and_their_gradients_equal_the_padded_ones(model, sampli
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-3, atol=1e-4)
 
 
-def test_the_packed_update_makes_the_padded_updates_step(headed, monkeypatch):
+def test_the_packed_update_makes_the_padded_updates_step(headed):
     vocab = load_policy(headed, device="cpu").codec.vocab_size
     steps = []
     for packed in (False, True):
-        monkeypatch.setattr(trainer_module, "logprobs_of", functools.partial(logprobs_of, packed=packed))
         policy = load_policy(headed, device="cpu")
-        trainer = PolicyTrainer(policy, rl_cfg(headed, group_size=4, batch_prompts=3, lr=1e-2, micro_batch_size=5))
+        trainer = PolicyTrainer(policy, rl_cfg(headed, group_size=4, batch_prompts=3, lr=1e-2, micro_batch_size=5),
+                                packed=packed)
         stats = trainer.step(grouped_rollouts(vocab, seed=1))
         steps.append((dict(policy.model.named_parameters()), stats))
     (padded, padded_stats), (packed_, packed_stats) = steps

@@ -126,11 +126,13 @@ class Update:
 
 class PolicyTrainer:
     def __init__(self, policy: Policy, cfg: RLConfig, *, reference: CausalLM | None = None,
-                 policy_version: int = 0, par: Parallel | None = None) -> None:
+                 policy_version: int = 0, par: Parallel | None = None, packed: bool = True) -> None:
         """`reference`: the frozen starting policy, required when cfg.kl_coef > 0 (see frozen_reference). `par`:
         the training forward over the ranks (bebop.distributed; built before the trainer: the optimizer holds its
-        parameters); default one process."""
+        parameters); default one process. `packed`: pack the micro-batches where the trunk allows (False: the
+        padded update, which the packed one is tested and measured against)."""
         self.policy, self.cfg = policy, cfg
+        self.packed = packed and not policy.model.config.linear_layers
         self.par = par or Parallel(World(), "fsdp", policy.model, Logits(policy.model))
         self.params = policy.model.trunk_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
@@ -174,15 +176,14 @@ class PolicyTrainer:
 
     def _logprobs(self, model: CausalLM, part: TrainBatch, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         forward = self.par.forward if model is self.policy.model else None  # the reference: its own forward
-        return logprobs_of(model, part, self.sampling, self.cfg.dtype, entropy_grad, forward)
+        return logprobs_of(model, part, self.sampling, self.cfg.dtype, entropy_grad, forward, self.packed)
 
     def _micro_forwards(self, batch: TrainBatch, entropy_grad: bool = False
                         ) -> Iterator[tuple[torch.Tensor, TrainBatch, torch.Tensor, torch.Tensor]]:
         """Each micro-batch of `batch`: its rows, those rows trimmed, and their log-probs and entropy (b, w)
         (the entropy with gradient when `entropy_grad`: the loss's entropy bonus). Each is yielded inside the
         learner's gradient-sync context (reduced across ranks after the last micro-batch's backward)."""
-        packed = not self.policy.model.config.linear_layers  # logprobs_of packs these rows
-        for _, rows in self.par.chunks(micro_batch_rows(batch, self.cfg.micro_batch_size, by_prompt=packed)):
+        for _, rows in self.par.chunks(micro_batch_rows(batch, self.cfg.micro_batch_size, by_prompt=self.packed)):
             part = batch.rows(rows).trimmed()
             yield (rows, part, *self._logprobs(self.policy.model, part, entropy_grad))
 
