@@ -25,23 +25,37 @@ def ids(rng: random.Random, n: int, vocab: int) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def model(hf_model_dir):
+def dense(hf_model_dir):
     return load_model(hf_model_dir[1]).eval()  # random weights of std 0.3: peaked, position-sensitive logits
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hybrid")
+    make_hf_qwen35(seed=3).save_pretrained(path)  # Gated DeltaNet and full attention layers, conv kernel 4
+    model = load_model(path).eval()
+    assert model.config.linear_layers and model.config.attention_layers
+    return model
+
+
+@pytest.fixture(params=["dense", "hybrid"])
+def model(request):
+    return request.getfixturevalue(request.param)
 
 
 def test_a_packed_forward_equals_each_rows_own(model):
     rng, vocab = random.Random(0), model.config.vocab_size
-    prompts = [ids(rng, n, vocab) for n in (5, 9, 23)]
-    continuations = [(0, ids(rng, n, vocab)) for n in (0, 4, 30)] + [(1, ids(rng, 7, vocab)) for _ in range(2)]
-    continuations.append((2, ids(rng, 12, vocab)))
+    prompts = [ids(rng, n, vocab) for n in (2, 9, 23)]  # 2: shorter than the conv's history
+    continuations = [(0, ids(rng, n, vocab)) for n in (0, 4, 70)] + [(1, ids(rng, 7, vocab)) for _ in range(2)]
+    continuations.append((2, ids(rng, 12, vocab)))  # 70: more than one chunk of the hybrid's chunked rule
     packing = pack(prompts, continuations)
-    assert packing.ids.shape == (1, (5 + 9 + 23) + (4 + 30 + 7 + 7 + 12)) and len(packing.segments) > 1  # lengths split into sets
+    assert packing.ids.shape == (1, (2 + 9 + 23) + (4 + 70 + 7 + 7 + 12)) and len(packing.segments) > 1  # sets
     with torch.no_grad():
         packed = Logits(model)(packing.ids, packing)  # (M, V)
         for r, (g, cont) in enumerate(continuations):
             own = Logits(model)(torch.cat([prompts[g], cont])[None])[0]  # (P + C, V)
             torch.testing.assert_close(packed[packing.output_rows == r], own[len(prompts[g]) - 1:],
-                                       rtol=1e-4, atol=1e-4)
+                                       rtol=1e-4, atol=3e-4)
     assert packing.output_steps.tolist()[:4] == [0, 0, 1, 2]  # row 0: its prompt's last token only
 
 
@@ -75,7 +89,7 @@ def test_packed_logprobs_and_their_gradients_equal_the_padded_ones(model, sampli
     torch.testing.assert_close(packed_entropy[mask], entropy[mask], rtol=1e-4, atol=1e-4)
     assert packed_grads.keys() == grads.keys() and len(grads) > 10
     for name, grad in grads.items():
-        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-3, atol=1e-3 * float(grad.abs().max()))
 
 
 def test_the_packed_update_makes_the_padded_updates_step(headed):
@@ -103,19 +117,13 @@ def test_a_packed_update_takes_a_prompts_rows_together():
     assert any(len(set(batch.prompts[p].tolist())) > 1 for p in padded)
 
 
-def test_a_packed_forward_refuses_what_it_cannot_run(model, tmp_path):
+def test_a_packed_forward_refuses_what_it_cannot_run(dense):
     packing = pack([torch.tensor([3, 4, 5])], [(0, torch.tensor([6, 7]))])
     with pytest.raises(BebopError, match="without a cache"):
-        model(packing.ids, model.new_cache(1, 16), packing=packing)
+        dense(packing.ids, dense.new_cache(1, 16), packing=packing)
     with pytest.raises(BebopError, match="not the packing's"):
-        model(packing.ids[:, :3], packing=packing)
+        dense(packing.ids[:, :3], packing=packing)
     with pytest.raises(BebopError, match="names prompt 1"):
         pack([torch.tensor([3])], [(1, torch.tensor([4]))])
-    make_hf_qwen35(seed=3).save_pretrained(tmp_path)
-    hybrid = load_model(tmp_path)
-    with pytest.raises(BebopError, match="attention layers only"):
-        hybrid(packing.ids, packing=packing)
-    batch = to_train_batch(grouped_rollouts(hybrid.config.vocab_size), pad_id=0)
-    with torch.no_grad():  # the update of a hybrid takes the padded forward
-        lp, _ = logprobs_of(hybrid, batch, SamplingParams(1.0))
-    assert lp.shape == batch.mask.shape and bool(lp[batch.mask].lt(0).all())
+    with pytest.raises(BebopError, match="non-empty"):
+        pack([torch.tensor([], dtype=torch.long)], [(0, torch.tensor([4]))])

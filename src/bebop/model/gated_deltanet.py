@@ -24,6 +24,7 @@ from bebop.model import gdn_kernel
 from bebop.model.config import ModelConfig
 from bebop.model.context import AttentionContext
 from bebop.model.packed_linear import PackedLinear
+from bebop.model.packing import Rows
 
 CHUNK = 64  # tokens per chunk of chunked_rule
 # chunks up to this many tokens (decode steps, verifies of up to MAX_K drafts) run recurrently and keep every
@@ -152,6 +153,8 @@ class GatedDeltaNet(nn.Module):
         """x (B, T, H) -> (B, T, H). With a cache (a HybridCache), continues each row from its saved
         conv and recurrent states and stages the new ones (the cache picks them when it advances)."""
         b, t, _ = x.shape
+        if ctx.packing is not None:
+            return self._packed(x, ctx.packing.rows)
         qkv = self.in_proj_qkv(x).transpose(1, 2)  # (B, C, T)
         linear = getattr(ctx.cache, "linear", None)  # a HybridCache's or a compiled step's view of it
         if linear is None:
@@ -161,13 +164,8 @@ class GatedDeltaNet(nn.Module):
             conv_state, state = linear.state(self.slot)  # (B, C, K-1), (B, Hv, Dk, Dv)
             window = torch.cat([conv_state.to(qkv.dtype), qkv], dim=-1)  # (B, C, K-1+T)
         every_position = linear is not None and linear.snapshots and t <= SNAPSHOT_MAX  # a step or verify
-        mixed = F.silu(self._conv(window, every_position))  # (B, C, T)
-        q, k, v = mixed.transpose(1, 2).split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
-        q, k = (self._heads(y, self.num_k_heads, self.dk) for y in (q, k))  # (B, Hv, T, Dk)
-        q, k = l2norm(q) * self.dk ** -0.5, l2norm(k)
-        v = v.reshape(b, t, self.num_v_heads, self.dv).transpose(1, 2).float()  # (B, Hv, T, Dv)
-        beta = self.in_proj_b(x).float().sigmoid().transpose(1, 2)  # (B, Hv, T)
-        g = (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)).transpose(1, 2)
+        q, k, v = self._qkv(F.silu(self._conv(window, every_position)))  # (B, Hv, T, Dk|Dv)
+        g, beta = self._gates(self.in_proj_a(x), self.in_proj_b(x))  # (B, Hv, T)
         if linear is not None and every_position:  # every position's state: rollback-able
             out, states = recurrent_rule(q, k, v, g, beta, state, linear.staging(self.slot, t))
             linear.stage(self.slot, window, states, state, every_position=True)
@@ -187,8 +185,49 @@ class GatedDeltaNet(nn.Module):
                 ends = final.to(state.dtype)[None]
             if linear is not None:
                 linear.stage(self.slot, window, ends, state, every_position=False)
-        out = self.norm(out.transpose(1, 2).to(x.dtype), self.in_proj_z(x).view(b, t, self.num_v_heads, self.dv))
+        return self._output(out.transpose(1, 2), x)
+
+    def _output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The rule's output (B, T, Hv, Dv) of the layer's input x (B, T, H) -> (B, T, H): normed, gated, projected."""
+        b, t, _ = x.shape
+        out = self.norm(out.to(x.dtype), self.in_proj_z(x).view(b, t, self.num_v_heads, self.dv))
         return self.out_proj(out.reshape(b, t, self.value_dim))
+
+    def _qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The conv's activated output (B, C, T) -> q, k (B, Hv, T, Dk) normed (q scaled), v (B, Hv, T, Dv), float32."""
+        b, _, t = mixed.shape
+        q, k, v = mixed.transpose(1, 2).split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
+        q, k = (self._heads(y, self.num_k_heads, self.dk) for y in (q, k))  # (B, Hv, T, Dk)
+        return l2norm(q) * self.dk ** -0.5, l2norm(k), v.reshape(b, t, self.num_v_heads, self.dv).transpose(1, 2).float()
+
+    def _gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """in_proj_a's and in_proj_b's outputs (B, T, Hv) -> the log decay g and the write strength beta (B, Hv, T)."""
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        return g.transpose(1, 2), b.float().sigmoid().transpose(1, 2)
+
+    def _packed(self, x: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """x (1, N, H) of a packed sequence (model/packing.py) -> (1, N, H): each prompt from a zero state and no
+        conv history, each continuation from its prompt's final state and last K-1 conv inputs. Projections run on
+        the N tokens; the conv and the chunked rule along padded rows, padding neither decaying nor writing."""
+        flat = [proj(x)[0] for proj in (self.in_proj_qkv, self.in_proj_a, self.in_proj_b)]  # (N, C), (N, Hv) x2
+
+        def along(index: torch.Tensor, lens: torch.Tensor, history: torch.Tensor, state: torch.Tensor):
+            qkv, a, b = (y[index] for y in flat)  # (S, T, C), (S, T, Hv) x2
+            window = torch.cat([history, qkv.transpose(1, 2)], dim=-1)  # (S, C, K-1+T)
+            keep = (torch.arange(index.shape[1], device=x.device)[None] < lens[:, None])[:, None]  # (S, 1, T)
+            g, beta = self._gates(a, b)
+            out, final = chunked_rule(*self._qkv(F.silu(self._conv(window, False))), g * keep, beta * keep, state)
+            return out.transpose(1, 2).flatten(0, 1), window, final  # (S * T, Hv, Dv)
+
+        g_rows = rows.prompts.shape[0]
+        zeros = x.new_zeros(g_rows, self.conv_dim, self.kernel - 1)  # (G, C, K-1): no history
+        state = x.new_zeros(g_rows, self.num_v_heads, self.dk, self.dv, dtype=torch.float32)
+        out_p, window, final = along(rows.prompts, rows.prompt_lens, zeros, state)
+        at = rows.prompt_lens[rows.continuation_prompt, None] + torch.arange(self.kernel - 1, device=x.device)
+        history = window[rows.continuation_prompt].gather(2, at[:, None].expand(-1, self.conv_dim, -1))  # (R, C, K-1)
+        out_c, _, _ = along(rows.continuations, rows.continuation_lens, history, final[rows.continuation_prompt])
+        out = torch.cat([out_p, out_c]).index_select(0, rows.real).index_select(0, rows.order)  # (N, Hv, Dv)
+        return self._output(out[None], x)
 
     def _conv(self, window: torch.Tensor, every_position: bool) -> torch.Tensor:
         """The causal depthwise conv of a chunk's window (B, C, K-1+T) -> (B, C, T). A chunk that keeps every

@@ -13,9 +13,12 @@ is the padded forward's, row by row (a key is visible iff its position is at mos
 own sequence); gradients from every row of a group meet in the prompt's one copy, as they sum in the shared
 weights of the padded forward.
 
+A linear (Gated DeltaNet) layer runs along rows instead (`Rows`): each prompt from a zero state, each
+continuation from its prompt's final recurrent state and last conv inputs, so a group's rows share the prompt's
+recurrence as they share its keys.
+
 Outputs: row r's predictions are its prompt's last token's (predicting the continuation's first token) and
-then its continuation's tokens', in order: `1 + C_r` of them, rows in order. Attention layers only: a linear
-(Gated DeltaNet) layer's recurrence over a packed sequence would cross rows.
+then its continuation's tokens', in order: `1 + C_r` of them, rows in order.
 """
 
 from __future__ import annotations
@@ -46,6 +49,20 @@ class Segments:
 
 
 @dataclass
+class Rows:
+    """A packed sequence as padded rows, for a layer that runs along each row (a linear layer's recurrence):
+    each prompt from the start, each non-empty continuation from its prompt's end."""
+
+    prompts: Tensor  # (G, P) long: flat index of each prompt's tokens, right-padded with 0
+    prompt_lens: Tensor  # (G,) long
+    continuations: Tensor  # (R, C) long: flat index of each non-empty continuation's tokens, right-padded with 0
+    continuation_lens: Tensor  # (R,) long
+    continuation_prompt: Tensor  # (R,) long: its prompt's index
+    real: Tensor  # (N,) long: the real tokens' places in the prompts' then the continuations' (flattened) rows
+    order: Tensor  # (N,) long: token i is the order[i]-th of those real places
+
+
+@dataclass
 class Packing:
     ids: Tensor  # (1, N) token ids: the prompts, then the continuations
     positions: Tensor  # (1, N) each token's position in its own row's sequence
@@ -55,6 +72,7 @@ class Packing:
     outputs: Tensor  # (M,) flat indices whose hidden states the rows' predictions read, M = sum (1 + C_r)
     output_rows: Tensor  # (M,) the row each output belongs to
     output_steps: Tensor  # (M,) its place in its row: 0 its prompt's last token, j its continuation's token j - 1
+    rows: Rows  # the same tokens as padded rows
 
 
 def pack(prompts: Sequence[Tensor], continuations: Sequence[tuple[int, Tensor]]) -> Packing:
@@ -88,8 +106,29 @@ def pack(prompts: Sequence[Tensor], continuations: Sequence[tuple[int, Tensor]])
     tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
     ids = torch.cat([*prompts, *(c for _, c in continuations)]).to(device)  # (N,)
     order = torch.argsort(tensor([q for part in queries for q in part]))  # the real queries are every token once
+    spans = [(s, n, g) for (g, _), s, n in zip(continuations, c_starts, c_lens, strict=True) if n]
     return Packing(ids[None], tensor([p for part in positions for p in part])[None],
-                   [_segments(parts, device) for parts in sets], order, tensor(outputs), tensor(rows), tensor(steps))
+                   [_segments(parts, device) for parts in sets], order, tensor(outputs), tensor(rows), tensor(steps),
+                   _rows(list(zip(p_starts, p_lens, strict=True)), spans, device))
+
+
+def _rows(prompts: list[tuple[int, int]], continuations: list[tuple[int, int, int]], device: torch.device) -> Rows:
+    """prompts: (flat start, length); continuations: (flat start, length, prompt index), each length >= 1."""
+    def padded(spans: list[tuple[int, int]]) -> tuple[Tensor, Tensor, list[int]]:
+        width = max((n for _, n in spans), default=1)
+        index = torch.zeros(len(spans), width, dtype=torch.long)
+        for i, (start, n) in enumerate(spans):
+            index[i, :n] = torch.arange(start, start + n)
+        places = [i * width + j for i, (_, n) in enumerate(spans) for j in range(n)]
+        return index, torch.tensor([n for _, n in spans], dtype=torch.long), places
+
+    p_index, p_lens, p_places = padded(prompts)
+    c_index, c_lens, c_places = padded([(s, n) for s, n, _ in continuations])
+    real = torch.tensor(p_places + [p_index.numel() + c for c in c_places], dtype=torch.long)
+    flat = torch.cat([p_index.flatten(), c_index.flatten()])[real]  # (N,) the flat token at each real place
+    tensors = (p_index, p_lens, c_index, c_lens, torch.tensor([g for _, _, g in continuations], dtype=torch.long),
+               real, torch.argsort(flat))
+    return Rows(*(t.to(device) for t in tensors))
 
 
 def _starts(lengths: list[int], first: int) -> list[int]:

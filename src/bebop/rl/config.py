@@ -50,10 +50,9 @@ class RLConfig:
     ppo_epochs: int = opt(1, "passes over each batch (> 1, or --mini-batches > 1, lets --clip-eps act)")
     mini_batches: int = opt(1, "optimizer steps per pass, each on a random share of the batch's rollouts")
     micro_batch_size: int = opt(8, "rows per forward and backward of the update (0 = each optimizer step's rows "
-                                "at once): gradients accumulate to the same step in less memory. A trunk of "
-                                "attention layers packs each micro-batch (a group's rows together, its prompt run "
-                                "once: a multiple of --group-size runs every prompt once); a hybrid's go by length, "
-                                "so short rows are not padded to the long tail's (docs/benchmarks.md)")
+                                "at once): gradients accumulate to the same step in less memory. Each micro-batch "
+                                "is packed: a group's rows together, its prompt run once, no padding (a multiple of "
+                                "--group-size runs every prompt once; docs/benchmarks.md)")
     kl_coef: float = opt(0.0, "k3 KL to the starting policy (0 = off: no reference copy is kept)")
     entropy_coef: float = opt(0.0, "entropy bonus: the loss subtracts this x the trainer's mean entropy over policy "
                               "tokens, with gradient (0 = off: the entropy stays detached, no extra work)")

@@ -19,10 +19,9 @@ batch first (groups stay whole for the baseline). Each mini-batch's loss is its 
 Each optimizer step runs its forward and backward `micro_batch_size` rows at a time (0: all at once),
 gradients accumulated with each micro-batch's token mean weighted by its share of the step's tokens:
 the same gradient as one padded forward, in memory bounded by the micro-batch (a real vocabulary's
-logits need it). A trunk of attention layers runs each micro-batch packed (TrainBatch.packed,
-model/packing.py): a group's rows share a micro-batch, their prompt runs once, and no row is padded
-(a GRPO batch's prompts are often half its tokens). A hybrid's micro-batches are padded: rows sorted
-by length, each micro-batch cut to its own longest row.
+logits need it). Each micro-batch runs packed (TrainBatch.packed, model/packing.py): a group's rows
+share a micro-batch, their prompt runs once, and no row is padded (a GRPO batch's prompts are often
+half its tokens).
 
 The optimizer holds the trunk only: `mtp.*` parameters are excluded (the head changes only
 through an online MTP strategy, with its own optimizer). With kl_coef > 0 a frozen copy of the
@@ -82,8 +81,8 @@ def logprobs_of(model: CausalLM, batch: TrainBatch, sampling: SamplingParams, dt
     before each prompt's last token; the forward (`forward`: the learner's wrapped Logits; default the model's
     own) runs in the training precision `dtype` (bebop.precision), the log-softmax on model.logits' float32.
     The entropy carries gradient only with `entropy_grad` (see token_logprobs). `packed`: the rows packed
-    (TrainBatch.packed: each distinct prompt once, no padding) where the trunk is attention only, else padded."""
-    rows = batch.packed() if packed and not model.config.linear_layers else None
+    (TrainBatch.packed: each distinct prompt once, no padding), else padded."""
+    rows = batch.packed() if packed else None
     forward = forward or Logits(model)
     with train_autocast(model.device, dtype):
         if rows is None:
@@ -129,10 +128,10 @@ class PolicyTrainer:
                  policy_version: int = 0, par: Parallel | None = None, packed: bool = True) -> None:
         """`reference`: the frozen starting policy, required when cfg.kl_coef > 0 (see frozen_reference). `par`:
         the training forward over the ranks (bebop.distributed; built before the trainer: the optimizer holds its
-        parameters); default one process. `packed`: pack the micro-batches where the trunk allows (False: the
-        padded update, which the packed one is tested and measured against)."""
+        parameters); default one process. `packed`: pack the micro-batches (False: the padded update, which the
+        packed one is tested and measured against)."""
         self.policy, self.cfg = policy, cfg
-        self.packed = packed and not policy.model.config.linear_layers
+        self.packed = packed
         self.par = par or Parallel(World(), "fsdp", policy.model, Logits(policy.model))
         self.params = policy.model.trunk_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
