@@ -239,6 +239,7 @@ def test_a_new_process_loads_the_saved_graphs_and_decodes_the_same(tiny_model_di
     assert run("on") == eager  # the loading process's record of inductor's instruction-set check, where it made one
 
 
+@pytest.mark.slow  # compiles its graphs cold into a store of its own
 def test_an_unreadable_package_is_compiled_again(spec_model, fresh_store):
     """A truncated or foreign file in the store is removed and its graph compiled anew; decoding is unchanged."""
     model = copy.deepcopy(spec_model)
@@ -257,6 +258,7 @@ def test_an_unreadable_package_is_compiled_again(spec_model, fresh_store):
     assert len(list(fresh_store.rglob(f"*{step_packages.SUFFIX}"))) == len(saved) == 2
 
 
+@pytest.mark.slow  # compiles its graphs cold into a store of its own
 def test_a_store_that_cannot_be_written_says_so_once_and_decodes(spec_model, fresh_store, monkeypatch, capsys):
     (fresh_store.parent / "file").write_text("not a folder")
     monkeypatch.setenv(step_packages.STORE_ENV, str(fresh_store.parent / "file" / "store"))
@@ -327,6 +329,7 @@ def test_a_call_trusted_to_pass_the_guards_skips_their_check(monkeypatch):
         graph(("k",), list, False, 1, trust="c")
 
 
+@pytest.mark.slow  # compiles its graphs cold into a store of its own
 def test_each_engine_call_checks_the_guards_again(spec_model, fresh_store):
     """Within an engine call a graph's guards are checked for the first call of each signature only; the model may
     change between calls (here a norm's epsilon, a module attribute the graph bakes in), so the next call
@@ -345,6 +348,7 @@ def test_each_engine_call_checks_the_guards_again(spec_model, fresh_store):
     assert [g.token_ids for g in got] == [g.token_ids for g in want] != [g.token_ids for g in before]
 
 
+@pytest.mark.slow  # compiles its graphs cold into a store of its own
 def test_a_saved_graph_whose_guards_cannot_be_made_is_compiled_again_quietly(spec_model, fresh_store):
     """A graph saved while the model's forward was wrapped (a profiler's timer) guards on the wrapper; a process
     without it cannot rebuild those guards: the file is removed and the graph compiled anew, with no traceback
