@@ -127,3 +127,15 @@ def test_a_packed_forward_refuses_what_it_cannot_run(dense):
         pack([torch.tensor([3])], [(1, torch.tensor([4]))])
     with pytest.raises(BebopError, match="non-empty"):
         pack([torch.tensor([], dtype=torch.long)], [(0, torch.tensor([4]))])
+
+
+def test_under_bfloat16_mixed_precision_packing_moves_log_probs_no_more_than_bfloat16_does(dense):
+    batch = to_train_batch(grouped_rollouts(dense.config.vocab_size), pad_id=0)
+    with torch.no_grad():
+        exact, _ = logprobs_of(dense, batch, SamplingParams(1.0), packed=False)  # float32
+        padded, _ = logprobs_of(dense, batch, SamplingParams(1.0), dtype="bfloat16", packed=False)
+        packed, _ = logprobs_of(dense, batch, SamplingParams(1.0), dtype="bfloat16")
+    mask = batch.mask
+    rounding = float((padded - exact)[mask].abs().max())  # what bfloat16 matmuls move a log-prob by here
+    assert 0 < rounding and float((packed - padded)[mask].abs().max()) <= 2 * rounding
+    assert float((packed - exact)[mask].abs().max()) <= 2 * rounding
