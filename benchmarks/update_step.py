@@ -10,8 +10,8 @@ after pass on one trainer (its weights move with every step; the cost of a step 
 batch: its prompt and response tokens, the median seconds of each arm, and the median of the per-pass ratios.
 
 What bounds the ratio: the packed forward drops the prompt's repeats (group_size - 1 of every group's prompt tokens)
-and the padding; attention, the optimizer step and the per-op costs of a small model stay. A hybrid trunk is never
-packed (both arms pad).
+and the padding; attention, the optimizer step and the per-op costs of a small model stay. A hybrid's Gated DeltaNet
+layers keep their rows' padding (they run along rows padded to the micro-batch's longest continuation).
 """
 
 from __future__ import annotations
