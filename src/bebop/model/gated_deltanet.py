@@ -226,7 +226,7 @@ class GatedDeltaNet(nn.Module):
         at = rows.prompt_lens[rows.continuation_prompt, None] + torch.arange(self.kernel - 1, device=x.device)
         history = window[rows.continuation_prompt].gather(2, at[:, None].expand(-1, self.conv_dim, -1))  # (R, C, K-1)
         out_c, _, _ = along(rows.continuations, rows.continuation_lens, history, final[rows.continuation_prompt])
-        out = torch.cat([out_p, out_c]).index_select(0, rows.real).index_select(0, rows.order)  # (N, Hv, Dv)
+        out = torch.cat([out_p, out_c]).index_select(0, rows.places)  # (N, Hv, Dv)
         return self._output(out[None], x)
 
     def _conv(self, window: torch.Tensor, every_position: bool) -> torch.Tensor:

@@ -45,7 +45,6 @@ class Segments:
     query: Tensor  # (S, Q) long: flat index of each query (0 where padding)
     key: Tensor  # (S, K) long: flat index of each key (0 where padding)
     mask: Tensor  # (S, 1, Q, K) bool: the key's position <= the query's; a padded query sees key 0 (no empty row)
-    real: Tensor  # (R,) long: the real queries' places in the (S * Q) flattened segments
 
 
 @dataclass
@@ -58,8 +57,7 @@ class Rows:
     continuations: Tensor  # (R, C) long: flat index of each non-empty continuation's tokens, right-padded with 0
     continuation_lens: Tensor  # (R,) long
     continuation_prompt: Tensor  # (R,) long: its prompt's index
-    real: Tensor  # (N,) long: the real tokens' places in the prompts' then the continuations' (flattened) rows
-    order: Tensor  # (N,) long: token i is the order[i]-th of those real places
+    places: Tensor  # (N,) long: token i's place in the prompts' then the continuations' rows, flattened
 
 
 @dataclass
@@ -68,7 +66,7 @@ class Packing:
     positions: Tensor  # (1, N) each token's position in its own row's sequence
     segments: list[Segments]  # each prompt over itself and each row's continuation over its prompt and itself,
     #   in sets of similar lengths
-    order: Tensor  # (N,): token i's attention output is the order[i]-th real query of the sets, in order
+    places: Tensor  # (N,) long: token i's place among the sets' queries, each set flattened, sets in order
     outputs: Tensor  # (M,) flat indices whose hidden states the rows' predictions read, M = sum (1 + C_r)
     output_rows: Tensor  # (M,) the row each output belongs to
     output_steps: Tensor  # (M,) its place in its row: 0 its prompt's last token, j its continuation's token j - 1
@@ -96,8 +94,7 @@ def pack(prompts: Sequence[Tensor], continuations: Sequence[tuple[int, Tensor]])
         if n:
             cont_parts.append((arange(n, start), own, arange(p_lens[g], p_starts[g]) + arange(n, start),
                                arange(p_lens[g] + n)))
-    sets = _similar(prompt_parts + cont_parts)
-    queries = [q for parts in sets for q, *_ in parts]
+    segments, reals = zip(*(_segments(parts, device) for parts in _similar(prompt_parts + cont_parts)), strict=True)
     outputs, rows, steps = [], [], []
     for r, ((g, _), start, n) in enumerate(zip(continuations, c_starts, c_lens, strict=True)):
         outputs += [p_starts[g] + p_lens[g] - 1, *arange(n, start)]
@@ -105,30 +102,40 @@ def pack(prompts: Sequence[Tensor], continuations: Sequence[tuple[int, Tensor]])
         steps += arange(n + 1)
     tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
     ids = torch.cat([*prompts, *(c for _, c in continuations)]).to(device)  # (N,)
-    order = torch.argsort(tensor([q for part in queries for q in part]))  # the real queries are every token once
     spans = [(s, n, g) for (g, _), s, n in zip(continuations, c_starts, c_lens, strict=True) if n]
-    return Packing(ids[None], tensor([p for part in positions for p in part])[None],
-                   [_segments(parts, device) for parts in sets], order, tensor(outputs), tensor(rows), tensor(steps),
+    return Packing(ids[None], tensor([p for part in positions for p in part])[None], list(segments),
+                   _places([seg.query for seg in segments], list(reals)), tensor(outputs), tensor(rows), tensor(steps),
                    _rows(list(zip(p_starts, p_lens, strict=True)), spans, device))
 
 
 def _rows(prompts: list[tuple[int, int]], continuations: list[tuple[int, int, int]], device: torch.device) -> Rows:
     """prompts: (flat start, length); continuations: (flat start, length, prompt index), each length >= 1."""
-    def padded(spans: list[tuple[int, int]]) -> tuple[Tensor, Tensor, list[int]]:
+    def padded(spans: list[tuple[int, int]]) -> tuple[Tensor, Tensor, Tensor]:
+        """-> the spans' flat indices (S, T) right-padded, their lengths (S,), the real entries' places (R,)."""
         width = max((n for _, n in spans), default=1)
         index = torch.zeros(len(spans), width, dtype=torch.long)
         for i, (start, n) in enumerate(spans):
             index[i, :n] = torch.arange(start, start + n)
-        places = [i * width + j for i, (_, n) in enumerate(spans) for j in range(n)]
-        return index, torch.tensor([n for _, n in spans], dtype=torch.long), places
+        lens = torch.tensor([n for _, n in spans], dtype=torch.long)
+        return index, lens, (torch.arange(width)[None] < lens[:, None]).flatten().nonzero().squeeze(1)
 
-    p_index, p_lens, p_places = padded(prompts)
-    c_index, c_lens, c_places = padded([(s, n) for s, n, _ in continuations])
-    real = torch.tensor(p_places + [p_index.numel() + c for c in c_places], dtype=torch.long)
-    flat = torch.cat([p_index.flatten(), c_index.flatten()])[real]  # (N,) the flat token at each real place
-    tensors = (p_index, p_lens, c_index, c_lens, torch.tensor([g for _, _, g in continuations], dtype=torch.long),
-               real, torch.argsort(flat))
-    return Rows(*(t.to(device) for t in tensors))
+    p_index, p_lens, p_real = padded(prompts)
+    c_index, c_lens, c_real = padded([(s, n) for s, n, _ in continuations])
+    prompt = torch.tensor([g for _, _, g in continuations], dtype=torch.long)
+    return Rows(p_index.to(device), p_lens.to(device), c_index.to(device), c_lens.to(device), prompt.to(device),
+                _places([p_index, c_index], [p_real, c_real]).to(device))
+
+
+def _places(indexes: list[Tensor], reals: list[Tensor]) -> Tensor:
+    """Padded flat-index tensors (each (S, T)) and their real entries' places (each flattened) -> (N,) each flat
+    token's place in their concatenation, each flattened: a layer's padded outputs, so concatenated, gathered at it
+    come back in the packed sequence's order (every token is exactly one real entry)."""
+    offsets = [0]
+    for index in indexes[:-1]:
+        offsets.append(offsets[-1] + index.numel())
+    real = torch.cat([offset + places for offset, places in zip(offsets, reals, strict=True)])  # (N,)
+    flat = torch.cat([index.flatten() for index in indexes])[real]  # (N,) the flat token at each real place
+    return real[torch.argsort(flat)]
 
 
 def _starts(lengths: list[int], first: int) -> list[int]:
@@ -150,8 +157,9 @@ def _similar(parts: list[_Part]) -> list[list[_Part]]:
     return sets
 
 
-def _segments(parts: list[_Part], device: torch.device) -> Segments:
-    """parts: per segment (query flat indices, query positions, key flat indices, key positions) -> Segments."""
+def _segments(parts: list[_Part], device: torch.device) -> tuple[Segments, Tensor]:
+    """parts: per segment (query flat indices, query positions, key flat indices, key positions) -> Segments, and
+    the real queries' places (R,) in its (S * Q) flattened queries."""
     s = len(parts)
     q_len = max((len(q) for q, *_ in parts), default=1)
     k_len = max((len(k) for _, _, k, _ in parts), default=1)
@@ -165,7 +173,7 @@ def _segments(parts: list[_Part], device: torch.device) -> Segments:
     mask = k_pos[:, None, :] <= q_pos[:, :, None]  # (S, Q, K)
     mask[:, :, 0] |= q_pos < 0  # a padded query reads key 0: no all-masked row (its softmax would be NaN)
     real = (q_pos >= 0).flatten().nonzero().squeeze(1)  # (R,)
-    return Segments(query.to(device), key.to(device), mask[:, None].to(device), real.to(device))
+    return Segments(query.to(device), key.to(device), mask[:, None].to(device)), real.to(device)
 
 
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, packing: Packing) -> Tensor:
@@ -180,5 +188,5 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, packing: Packing) -> Tenso
         qs, ks, vs = (x.index_select(0, idx.flatten()).unflatten(0, idx.shape).transpose(1, 2)  # (S, heads, Q|K, D)
                       for x, idx in zip(flat, (seg.query, seg.key, seg.key), strict=True))
         out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.mask, enable_gqa=True)  # (S, Hq, Q, D)
-        outs.append(out.transpose(1, 2).flatten(0, 1).index_select(0, seg.real))  # (R, Hq, D)
-    return torch.cat(outs).index_select(0, packing.order).transpose(0, 1)[None]  # (1, Hq, N, D)
+        outs.append(out.transpose(1, 2).flatten(0, 1))  # (S * Q, Hq, D)
+    return torch.cat(outs).index_select(0, packing.places).transpose(0, 1)[None]  # (1, Hq, N, D)
