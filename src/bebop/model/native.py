@@ -4,6 +4,7 @@
         torch.ops.bebop_native.gdn_recurrent(...)    # gdn_kernel.cpp: the Gated DeltaNet recurrent rule
         torch.ops.bebop_native.packed_linear(...)    # packed_linear.cpp: oneDNN's matmul on a packed weight
         torch.ops.bebop_native.cached_attention(...) # attention_kernel.cpp: attention over a KV cache
+        torch.ops.bebop_native.small_linear(...)     # small_linear.cpp: a float32 linear layer over a few rows
 
 torch's C++ extension builder compiles SOURCES for this machine's instruction set (CFLAGS: `-march=native`, with the
 compiler inductor uses, and ninja, a dependency) into torch's extension directory (TORCH_EXTENSIONS_DIR, by default
@@ -23,13 +24,14 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from bebop import progress
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gdn_kernel.cpp", HERE / "packed_linear.cpp", HERE / "attention_kernel.cpp")
+SOURCES = tuple(HERE / name for name in ("gdn_kernel.cpp", "packed_linear.cpp", "attention_kernel.cpp", "small_linear.cpp"))
 HEADERS = (HERE / "simd.h", HERE / "parallel.h")  # included by the sources: part of the build's name
 ENV = "BEBOP_NATIVE"  # "0": never build or use the native ops
 # for this machine; no fused multiply-add but those the sources write, so that two code paths written to compute
@@ -100,6 +102,7 @@ def load() -> bool:
         torch.library.register_fake("bebop_native::gdn_recurrent")(_writes_only)
         torch.library.register_fake("bebop_native::packed_linear")(_linear_shape)
         torch.library.register_fake("bebop_native::cached_attention")(_attention_writes)
+        torch.library.register_fake("bebop_native::small_linear")(_small_linear_shape)
         _loaded = True
     except Exception as e:  # no compiler, no ninja, an unknown -march: the torch paths serve
         lines = str(e).strip().splitlines() or [repr(e)]
@@ -119,7 +122,7 @@ class Op:
         self.name = name
         self.off = False
 
-    def __call__(self) -> Callable[..., None] | None:
+    def __call__(self) -> Callable[..., Any] | None:
         if self.off or not load():
             return None
         return getattr(torch.ops.bebop_native, self.name)
@@ -147,3 +150,8 @@ def _attention_writes(q, k, v, mask, scale, out) -> None:
 def _linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """packed_linear's fake: (..., in) -> (..., out_features)."""
     return x.new_empty((*x.shape[:-1], out_features))
+
+
+def _small_linear_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """small_linear's fake: (..., in) -> (..., out)."""
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

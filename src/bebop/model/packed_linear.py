@@ -25,6 +25,12 @@ reaches the next rollout. The copies are held apart from the module, by the weig
 leave with the weight; a layer's `graph_weight` reference is dropped from its copies and pickles, so
 no copy is ever saved or copied with the model. `PACKED = False` (or BEBOP_PACKED_LINEAR=0) turns the
 path off.
+
+The float32 products that stay unpacked (a small weight at a few rows: every product of a decode step or a verify
+at a small batch of a small model) run the native library's `small_linear` (model/small_linear.cpp) in the same
+places, eager inside `decoding()` and in compiled graphs: over up to SMALL_ROWS rows it reads each weight once for
+all of them, where the general matmul's fixed cost is most of such a call, and a row's numbers do not depend on the
+other rows; over more rows it calls torch's linear itself.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from bebop.model import native
 
 PACKED = os.environ.get("BEBOP_PACKED_LINEAR", "1") != "0"
 _graph_op: Callable[..., torch.Tensor] | None = None  # what a graph calls (prepare_graphs: chosen on the host)
+_small_op = native.Op("small_linear")  # the native few-rows float32 linear (None where the library is not there)
+SMALL_ROWS = 8  # the rows small_linear takes itself (small_linear.cpp's kMaxRows); it calls torch's linear beyond
 GRAPH_WEIGHT = "graph_weight"  # a PackedLinear's attribute that a compiled graph takes its packed copy from
 _DTYPES = (torch.float32, torch.bfloat16)
 # id(weight) -> (a weak reference to it, its version when packed, the packed copy); an entry leaves with its
@@ -147,10 +155,22 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            packed = self.graph_weight
-            if packed is not None and x.dtype == self.weight.dtype and not torch.is_grad_enabled():
-                return (_graph_op or packed_linear)(x, packed, self.bias, self.out_features)
+            if not torch.is_grad_enabled() and x.dtype == self.weight.dtype:
+                packed = self.graph_weight
+                if packed is not None:
+                    return (_graph_op or packed_linear)(x, packed, self.bias, self.out_features)
+                small = _small_op() if _small_fits(x, self.weight) else None  # it takes any rows: more, torch's call
+                if small is not None:
+                    return small(x, self.weight, self.bias)
             return F.linear(x, self.weight, self.bias)
         if _usable(x, self.weight):
             return torch.ops.mkldnn._linear_pointwise(x, packed_weight(self.weight), self.bias, "none", [], "")
+        small = _small_op() if getattr(_SCOPE, "on", False) and not torch.is_grad_enabled() else None
+        if small is not None and _small_fits(x, self.weight) and x.numel() <= SMALL_ROWS * x.shape[-1]:
+            return small(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+def _small_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """small_linear takes the product itself (at up to SMALL_ROWS rows): float32 on a CPU, a contiguous weight."""
+    return x.dtype == weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.is_contiguous()
