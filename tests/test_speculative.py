@@ -142,6 +142,10 @@ def test_sampled_output_is_lossless_drafting_with_the_head(dtype_model, mode):
     assert_marginals_follow(dtype_model, prompt, gens, params, positions=3)
 
 
+# compiled: its graphs compile cold in a fresh store (minutes); the compiled step's sampling stays in the default suite
+# through test_sampled_output_is_lossless_drafting_with_the_head and test_sampled_output_is_lossless_end_to_end
+@pytest.mark.parametrize("dtype_model", [pytest.param(path, marks=[pytest.mark.slow] if path == "compiled" else [])
+                                         for path in PATHS], indirect=True)
 def test_a_whole_step_samples_what_its_two_verbs_sample(dtype_model, monkeypatch):
     """A drafting step run whole (one call; one graph when compiled) and the same step as the drafting chain then the
     verify (what the engine runs for any other drafter) draw the same tokens from the same seed: the step's uniforms

@@ -188,7 +188,9 @@ def headed_model(request, spec_model):
     return on_path(spec_model, request.param)
 
 
-@pytest.mark.parametrize("headed_model,k", [("float32", 2), ("float32", "auto"), ("compiled", 2),
+# compiled: slow (its graphs compile cold); test_speculative keeps compiled T=0 equal to greedy in the default suite
+@pytest.mark.parametrize("headed_model,k", [("float32", 2), ("float32", "auto"),
+                                            pytest.param("compiled", 2, marks=pytest.mark.slow),
                                             pytest.param("compiled", "auto", marks=pytest.mark.slow)],
                          indirect=["headed_model"])
 def test_both_drafters_keep_greedy_output(headed_model, k):
@@ -209,6 +211,8 @@ def test_both_drafters_keep_greedy_output(headed_model, k):
         assert lengths["both"] > lengths["mtp"] + 0.5, lengths
 
 
+@pytest.mark.parametrize("headed_model", ["float32", pytest.param("compiled", marks=pytest.mark.slow)],
+                         indirect=True)  # compiled: slow, as above
 def test_sampled_output_is_lossless_with_both_drafters(headed_model):
     """RS over a mixture: rows whose text matches the history draft point masses, the others the head's samples;
     the first two tokens follow the warped target (chi-square at alpha = 1e-6)."""
