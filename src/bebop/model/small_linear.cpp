@@ -17,7 +17,7 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 8;  // rows the kernel takes; more go to torch's matmul
+constexpr int64_t kMaxRows = 8;  // rows the kernel takes; more go to torch's matmul (packed_linear.py: SMALL_ROWS)
 constexpr int kCols = 4;         // output features a block (each read once for all the rows)
 static_assert(kCols == 4, "small_linear's block switch names each width up to kCols");
 constexpr int kRowStep = 2;      // rows accumulated together: kCols x kRowStep vectors of sums, in registers
